@@ -1,0 +1,230 @@
+/*
+ * pagedattn: the attention backend of an LLM inference engine on CPU.
+ *
+ * One header, C11, usable from C++. The contract behind every name here is
+ * ../shared/design/API.md; this header restates it next to the declarations
+ * and documents the choices the contract leaves open.
+ *
+ * Conventions
+ * - Every fallible function returns pa_status. On failure nothing has been
+ *   written: no cache slot, no output row, no lse entry.
+ * - Tensors are raw pointers with a documented layout. Row strides are counted
+ *   in elements and must be >= the row's width (views into a fused QKV buffer
+ *   are fine). Pointers need only the alignment of their element type.
+ * - pa_last_error() names the argument, the position and the bad value of the
+ *   calling thread's last failure.
+ */
+#ifndef PAGEDATTN_H
+#define PAGEDATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Public functions are exported from the shared library; the rest is hidden. */
+#if defined(_WIN32)
+#define PA_API
+#elif defined(__GNUC__)
+#define PA_API __attribute__((visibility("default")))
+#else
+#define PA_API
+#endif
+
+#define PA_VERSION_MAJOR 0
+#define PA_VERSION_MINOR 1
+#define PA_VERSION_PATCH 0
+
+/* Supported head sizes: PA_MIN_HEAD_SIZE .. PA_MAX_HEAD_SIZE inclusive. */
+#define PA_MIN_HEAD_SIZE 1
+#define PA_MAX_HEAD_SIZE 1024
+
+/* ------------------------------------------------------------------------ */
+/* Status and errors                                                        */
+/* ------------------------------------------------------------------------ */
+
+typedef enum pa_status {
+  PA_OK = 0,
+  PA_ERR_INVALID_ARGUMENT = 1,
+  PA_ERR_UNSUPPORTED = 2,  /* well-formed, but this build cannot serve it */
+  PA_ERR_OUT_OF_RANGE = 3, /* a slot, block id or length outside the cache */
+  PA_ERR_OUT_OF_MEMORY = 4,
+} pa_status;
+
+PA_API const char *pa_status_string(pa_status status);
+/* Thread-local detail of this thread's last failure; "" if none. A later
+ * successful call does not clear it. */
+PA_API const char *pa_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Data types                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Activations are F32, F16 or BF16; a KV cache may be any of the five. FP8
+ * follows OCP (E4M3: bias 7, max 448, no infinities; E5M2: bias 15,
+ * IEEE-like) and stores value / scale. Conversions round to nearest even;
+ * conversions to FP8 saturate to +-448 / +-57344 (infinities included) and
+ * keep NaN a NaN. */
+typedef enum pa_dtype { PA_F32, PA_F16, PA_BF16, PA_FP8_E4M3, PA_FP8_E5M2 } pa_dtype;
+
+PA_API size_t pa_dtype_size(pa_dtype dtype);      /* 0 for a value outside the enum */
+PA_API const char *pa_dtype_name(pa_dtype dtype); /* "f32", ..., "fp8_e5m2"; "invalid" otherwise */
+
+/* ------------------------------------------------------------------------ */
+/* Context: threads and CPU dispatch                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A context owns a persistent thread pool (num_threads - 1 workers; the
+ * calling thread is the first worker) and per-thread scratch memory. The
+ * environment variable PA_ISA ("scalar", "avx2", "avx512") caps the kernel
+ * family; an unknown value is an error at creation. A context is used by one
+ * caller thread at a time; different contexts may be used concurrently. */
+typedef struct pa_context pa_context;
+
+/* num_threads <= 0: one per online CPU. */
+PA_API pa_status pa_context_create(int num_threads, pa_context **ctx);
+PA_API void pa_context_destroy(pa_context *ctx);
+PA_API int pa_context_num_threads(const pa_context *ctx);
+PA_API const char *pa_context_isa(const pa_context *ctx); /* "avx512", "avx2" or "scalar" */
+
+/* ------------------------------------------------------------------------ */
+/* Backend description                                                      */
+/* ------------------------------------------------------------------------ */
+
+PA_API const char *pa_backend_name(void);              /* "PAGEDATTN" */
+PA_API pa_status pa_validate_head_size(int head_size); /* accepts 1..1024 */
+PA_API int pa_dtype_is_supported(pa_dtype dtype);      /* as an activation dtype */
+/* shape = {2, num_blocks, block_size * num_kv_heads * head_size}: 0 keys, 1 values */
+PA_API void pa_kv_cache_shape(int64_t num_blocks, int block_size, int num_kv_heads, int head_size,
+                              int64_t shape[3]);
+
+/* ------------------------------------------------------------------------ */
+/* Layer                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef enum pa_attn_type {
+  PA_ATTN_DECODER,         /* causal self-attention; K/V live in the paged cache */
+  PA_ATTN_ENCODER,         /* bidirectional self-attention of an encoder-decoder model */
+  PA_ATTN_ENCODER_ONLY,    /* bidirectional self-attention of an encoder-only model */
+  PA_ATTN_ENCODER_DECODER, /* cross-attention: decoder queries over encoder K/V */
+} pa_attn_type;
+
+/* The logit of query i and key j:
+ *   s = scale * dot(q_i, k_j); s = c * tanh(s / c) if soft-capped;
+ *   s += slope_h * (j - i) if ALiBi; masked keys are excluded;
+ *   softmax over the kept keys (and the sink); out = sum p_j v_j.
+ * Query positions are aligned to the end of the keys: with q_len queries over
+ * k_len keys, query r has position k_len - q_len + r.
+ * Masks: PA_ATTN_DECODER is causal (j <= i). A sliding window w > 0 keeps
+ * i - w < j <= i for every type except PA_ATTN_ENCODER_ONLY, whose window is
+ * symmetric (|i - j| < w), as in vLLM. A row that sees no key outputs zeros
+ * and lse = -inf, sink or not. */
+typedef struct pa_layer_config {
+  int num_heads;             /* query heads, >= 1 */
+  int num_kv_heads;          /* 0 means num_heads; must divide num_heads */
+  int head_size;             /* 1..1024 */
+  float scale;               /* 0 means 1/sqrt(head_size); finite, >= 0 */
+  const float *alibi_slopes; /* [num_heads] or NULL; copied at creation */
+  int sliding_window;        /* 0: none; w > 0 (see above) */
+  float logits_soft_cap;     /* 0: none; c > 0: s = c * tanh(s / c) */
+  const float *sinks;        /* [num_heads] or NULL: one extra logit per head that joins the
+                                softmax denominator and contributes no value; copied */
+  pa_attn_type attn_type;
+  pa_dtype dtype; /* query/key/value/output dtype: F32, F16 or BF16 */
+} pa_layer_config;
+
+typedef struct pa_layer pa_layer;
+PA_API pa_status pa_layer_create(const pa_layer_config *config, pa_layer **layer);
+PA_API void pa_layer_destroy(pa_layer *layer);
+
+/* ------------------------------------------------------------------------ */
+/* KV cache                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* The memory belongs to the caller. A slot is block * block_size + offset. */
+typedef struct pa_kv_cache {
+  void *key;   /* [num_blocks][num_kv_heads][block_size][head_size] of dtype */
+  void *value; /* same layout */
+  int64_t num_blocks;
+  int block_size; /* any value >= 1 */
+  int num_kv_heads;
+  int head_size;
+  pa_dtype dtype;
+  float k_scale; /* FP8 only (stored = real / k_scale), finite and > 0; ignored otherwise */
+  float v_scale;
+} pa_kv_cache;
+
+/* key/value: num_tokens rows of num_kv_heads * head_size elements of
+ * src_dtype (an activation dtype). Token t goes to slot slot_mapping[t]; a
+ * negative slot is padding and is skipped. If two tokens name the same slot
+ * the later one wins. */
+PA_API pa_status pa_write_kv(pa_context *ctx, const pa_kv_cache *cache, const void *key,
+                             int64_t key_stride, const void *value, int64_t value_stride,
+                             pa_dtype src_dtype, int64_t num_tokens, const int64_t *slot_mapping);
+
+/* block_pairs: [num_pairs][2] = (source block, destination block). Pairs take
+ * effect in order, as if copied one after another (so chains and repeated
+ * destinations are well defined). pa_copy_blocks copies keys and values
+ * within each of num_caches caches; pa_swap_blocks copies from src to dst,
+ * which must share block_size, num_kv_heads, head_size, dtype and (FP8) the
+ * scales; their num_blocks may differ. */
+PA_API pa_status pa_copy_blocks(pa_context *ctx, const pa_kv_cache *caches, int num_caches,
+                                const int64_t *block_pairs, int64_t num_pairs);
+PA_API pa_status pa_swap_blocks(pa_context *ctx, const pa_kv_cache *src, const pa_kv_cache *dst,
+                                const int64_t *block_pairs, int64_t num_pairs);
+
+/* ------------------------------------------------------------------------ */
+/* Batch over the paged cache                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Sequence s owns query/output rows [query_start_loc[s], query_start_loc[s+1])
+ * and has seq_lens[s] tokens in the cache, its new ones included (write them
+ * first). Its first ceil(seq_lens[s] / block_size) block table entries must
+ * name blocks of the cache. For PA_ATTN_DECODER q_len <= seq_len. */
+typedef struct pa_batch {
+  int num_seqs;
+  const int32_t *query_start_loc; /* [num_seqs + 1], starts at 0, non-decreasing */
+  const int32_t *seq_lens;        /* [num_seqs] */
+  const int32_t *block_tables;    /* [num_seqs][block_table_stride] physical block ids */
+  int block_table_stride;
+} pa_batch;
+
+/* A plan holds the split of one batch's work over the context's threads.
+ * Made once per engine step, it serves every layer with the same num_heads,
+ * num_kv_heads and head_size for a batch with the same lengths; using it with
+ * another geometry or other lengths is an error, not a wrong answer. */
+typedef struct pa_plan pa_plan;
+PA_API pa_status pa_plan_create(pa_context *ctx, const pa_layer *layer, const pa_batch *batch,
+                                pa_plan **plan);
+PA_API void pa_plan_destroy(pa_plan *plan);
+
+/* query/out: rows of num_heads * head_size elements of the layer dtype.
+ * lse: NULL or [rows][num_heads], the natural log of the softmax denominator
+ * (sink included). plan: NULL plans inside the call. */
+PA_API pa_status pa_paged_attention(pa_context *ctx, const pa_layer *layer, const pa_plan *plan,
+                                    const void *query, int64_t query_stride,
+                                    const pa_kv_cache *cache, const pa_batch *batch, void *out,
+                                    int64_t out_stride, float *lse);
+
+/* ------------------------------------------------------------------------ */
+/* Dense ragged attention (no cache)                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s+1]) and key and
+ * value rows [cu_seqlens_k[s], cu_seqlens_k[s+1]). key/value rows hold
+ * num_kv_heads * head_size elements of the layer dtype. PA_ATTN_DECODER is
+ * causal with the last query aligned to the last key; the others are
+ * bidirectional. */
+PA_API pa_status pa_varlen_attention(pa_context *ctx, const pa_layer *layer, const void *query,
+                                     int64_t query_stride, const void *key, int64_t key_stride,
+                                     const void *value, int64_t value_stride, int num_seqs,
+                                     const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k,
+                                     void *out, int64_t out_stride, float *lse);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PAGEDATTN_H */

@@ -1,0 +1,221 @@
+/* The flash-attention loop of one work item over the micro-kernels, and the
+ * log-sum-exp merge of split-K partial results. */
+#include "attend.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Pointers to the K and V rows of keys [first, first + n) of a sequence. */
+static void gather_tile_rows(const pa_kv_source *kv, int32_t seq, int32_t kv_head,
+                             int64_t head_size, int64_t first, int64_t n, const void **k_rows,
+                             const void **v_rows) {
+  if (!kv->block_tables) {
+    int64_t row = kv->row_starts[seq] + first;
+    int64_t head_offset = kv_head * head_size * (int64_t)pa_dtype_size(kv->dtype);
+    const char *k = kv->key + row * kv->key_row_bytes + head_offset;
+    const char *v = kv->value + row * kv->value_row_bytes + head_offset;
+    for (int64_t i = 0; i < n; i++) {
+      k_rows[i] = k + i * kv->key_row_bytes;
+      v_rows[i] = v + i * kv->value_row_bytes;
+    }
+    return;
+  }
+  const int32_t *table = kv->block_tables + seq * kv->block_table_stride;
+  int64_t i = 0;
+  for (int64_t key = first, end = first + n; key < end;) {
+    int64_t block = key / kv->block_size, offset = key % kv->block_size;
+    int64_t run = PA_MIN(kv->block_size - offset, end - key);
+    int64_t at =
+        table[block] * kv->block_bytes + kv_head * kv->head_bytes + offset * kv->token_bytes;
+    for (int64_t r = 0; r < run; r++, i++) {
+      k_rows[i] = kv->key + at + r * kv->token_bytes;
+      v_rows[i] = kv->value + at + r * kv->token_bytes;
+    }
+    key += run;
+  }
+}
+
+static char *out_row(const pa_attention_call *c, int64_t row, int32_t head) {
+  int64_t head_bytes = (int64_t)c->layer->head_size * (int64_t)pa_dtype_size(c->layer->dtype);
+  return c->out + row * c->out_row_bytes + head * head_bytes;
+}
+
+/* Normalises one row's accumulator into the output (and lse). row_max is
+ * -inf exactly when the row saw no key: zeros and lse = -inf. */
+static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, const float *o,
+                       float row_max, float row_sum) {
+  const pa_layer *layer = c->layer;
+  char *dst = out_row(c, row, head);
+  float *lse = c->lse ? c->lse + row * layer->num_heads + head : NULL;
+  if (row_max == -INFINITY) {
+    memset(dst, 0, (size_t)layer->head_size * pa_dtype_size(layer->dtype));
+    if (lse) *lse = -INFINITY;
+    return;
+  }
+  float total = row_sum;
+  if (layer->sinks) total += expf(layer->sinks[head] - row_max);
+  c->kernels->store_row[layer->dtype](dst, o, (size_t)layer->head_size, c->v_factor / total);
+  if (lse) *lse = row_max + logf(total);
+}
+
+typedef struct pa_item_scratch {
+  float *q, *o, *s, *row_max, *row_sum, *alibi;
+  int32_t *position, *key_lo, *key_hi;
+  const void **k_rows, **v_rows;
+  float *merge;
+} pa_item_scratch;
+
+static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
+  char *base = c->thread_scratch[thread];
+  pa_scratch_layout l =
+      pa_scratch_layout_for(c->plan->max_rows, c->layer->head_size, c->plan->key_tile);
+  pa_item_scratch s = {
+      (float *)(base + l.q),
+      (float *)(base + l.o),
+      (float *)(base + l.s),
+      (float *)(base + l.row_max),
+      (float *)(base + l.row_sum),
+      (float *)(base + l.alibi),
+      (int32_t *)(base + l.position),
+      (int32_t *)(base + l.key_lo),
+      (int32_t *)(base + l.key_hi),
+      (const void **)(base + l.k_rows),
+      (const void **)(base + l.v_rows),
+      (float *)(base + l.merge),
+  };
+  return s;
+}
+
+/* Loads the item's query rows (row-major by row, then head) and the keys
+ * each sees; returns the union of those key ranges in *lo, *hi. */
+static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item, pa_item_scratch *s,
+                           int64_t *lo, int64_t *hi) {
+  const pa_layer *layer = c->layer;
+  const pa_plan *plan = c->plan;
+  size_t d = (size_t)layer->head_size, act_size = pa_dtype_size(layer->dtype);
+  int64_t q_start = plan->q_starts[item->seq];
+  int64_t q_len = plan->q_starts[item->seq + 1] - q_start, k_len = plan->kv_lens[item->seq];
+  size_t m = 0;
+  *lo = INT64_MAX;
+  *hi = INT64_MIN;
+  for (int32_t r = item->row_begin; r < item->row_end; r++) {
+    int64_t key_lo, key_hi;
+    pa_row_keys(c->mask, q_len, k_len, r, &key_lo, &key_hi);
+    key_lo = PA_MAX(key_lo, item->key_begin);
+    key_hi = PA_MAX(PA_MIN(key_hi, item->key_end), key_lo);
+    if (key_hi > key_lo) {
+      *lo = PA_MIN(*lo, key_lo);
+      *hi = PA_MAX(*hi, key_hi);
+    }
+    const char *row = c->query + (q_start + r) * c->query_row_bytes;
+    for (int32_t h = item->head_begin; h < item->head_end; h++, m++) {
+      c->kernels->load_row[layer->dtype](s->q + m * d, row + (size_t)h * d * act_size, d,
+                                         c->q_factor);
+      s->position[m] = (int32_t)(k_len - q_len + r);
+      s->key_lo[m] = (int32_t)key_lo;
+      s->key_hi[m] = (int32_t)key_hi;
+      s->alibi[m] = layer->alibi ? layer->alibi[h] : 0.0f;
+    }
+  }
+  return m;
+}
+
+static void attend_item(const pa_attention_call *c, const pa_plan_item *item, int thread) {
+  const pa_layer *layer = c->layer;
+  const pa_kernels *k = c->kernels;
+  pa_item_scratch s = carve_scratch(c, thread);
+  size_t d = (size_t)layer->head_size, tile = (size_t)c->plan->key_tile;
+  int64_t lo, hi;
+  size_t m = load_queries(c, item, &s, &lo, &hi);
+  memset(s.o, 0, m * d * sizeof(float));
+  for (size_t i = 0; i < m; i++) {
+    s.row_max[i] = -INFINITY;
+    s.row_sum[i] = 0.0f;
+  }
+
+  pa_softmax_tile t = {
+      .m = m,
+      .soft_cap = layer->soft_cap,
+      .alibi = layer->alibi ? s.alibi : NULL,
+      .position = s.position,
+      .key_hi = s.key_hi,
+      .row_max = s.row_max,
+      .row_sum = s.row_sum,
+  };
+  for (int64_t first = lo; first < hi; first += (int64_t)tile) {
+    size_t n = (size_t)PA_MIN((int64_t)tile, hi - first);
+    int all_visible = 1;
+    for (size_t i = 0; i < m && all_visible; i++) {
+      all_visible = s.key_lo[i] <= first && s.key_hi[i] >= first + (int64_t)n;
+    }
+    gather_tile_rows(&c->kv, item->seq, item->kv_head, (int64_t)d, first, (int64_t)n, s.k_rows,
+                     s.v_rows);
+    k->qk[c->kv.dtype](m, n, d, s.q, d, s.k_rows, s.s, tile);
+    t.n = n;
+    t.first_key = first;
+    t.key_lo = all_visible ? NULL : s.key_lo;
+    k->softmax(&t, s.s, tile, s.o, d, d);
+    k->pv[c->kv.dtype](m, n, d, s.s, tile, s.v_rows, s.o, d);
+  }
+
+  int64_t q_start = c->plan->q_starts[item->seq];
+  int32_t heads = item->head_end - item->head_begin;
+  if (item->split < 0) {
+    for (size_t i = 0; i < m; i++) {
+      int64_t row = q_start + item->row_begin + (int64_t)i / heads;
+      finish_row(c, row, item->head_begin + (int32_t)(i % (size_t)heads), s.o + i * d, s.row_max[i],
+                 s.row_sum[i]);
+    }
+    return;
+  }
+  const pa_split_group *g = &c->plan->groups[item->split_group];
+  float *partial = c->partials + g->partial_offset + (size_t)item->split * m * (d + 2);
+  for (size_t i = 0; i < m; i++, partial += d + 2) {
+    memcpy(partial, s.o + i * d, d * sizeof(float));
+    partial[d] = s.row_max[i];
+    partial[d + 1] = s.row_sum[i];
+  }
+}
+
+static void merge_group(const pa_attention_call *c, const pa_split_group *g, int thread) {
+  size_t d = (size_t)c->layer->head_size;
+  int32_t heads = g->head_end - g->head_begin;
+  size_t m = (size_t)(g->row_end - g->row_begin) * (size_t)heads;
+  float *acc = carve_scratch(c, thread).merge;
+  const float *parts = c->partials + g->partial_offset;
+  int64_t q_start = c->plan->q_starts[g->seq];
+  for (size_t i = 0; i < m; i++) {
+    float row_max = -INFINITY;
+    for (int32_t p = 0; p < g->num_splits; p++) {
+      row_max = fmaxf(row_max, parts[((size_t)p * m + i) * (d + 2) + d]);
+    }
+    memset(acc, 0, d * sizeof(float));
+    float row_sum = 0.0f;
+    if (row_max != -INFINITY) {
+      for (int32_t p = 0; p < g->num_splits; p++) {
+        const float *part = parts + ((size_t)p * m + i) * (d + 2);
+        if (part[d] == -INFINITY) continue; /* this split saw no key of the row */
+        float weight = expf(part[d] - row_max);
+        row_sum += weight * part[d + 1];
+        for (size_t e = 0; e < d; e++) acc[e] += weight * part[e];
+      }
+    }
+    int64_t row = q_start + g->row_begin + (int64_t)i / heads;
+    finish_row(c, row, g->head_begin + (int32_t)(i % (size_t)heads), acc, row_max, row_sum);
+  }
+}
+
+static void item_task(void *arg, size_t index, int thread) {
+  const pa_attention_call *c = arg;
+  attend_item(c, &c->plan->items[index], thread);
+}
+
+static void merge_task(void *arg, size_t index, int thread) {
+  const pa_attention_call *c = arg;
+  merge_group(c, &c->plan->groups[index], thread);
+}
+
+void pa_attention_run(pa_context *ctx, const pa_attention_call *call) {
+  pa_pool_run(ctx->pool, item_task, (void *)call, call->plan->num_items);
+  pa_pool_run(ctx->pool, merge_task, (void *)call, call->plan->num_groups);
+}

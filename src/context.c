@@ -1,0 +1,113 @@
+/* The context: thread pool, kernel family and scratch memory. */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "plan.h"
+
+enum { PA_MAX_THREADS = 1024 };
+
+void *pa_aligned_alloc(size_t alignment, size_t size) {
+  void *ptr = NULL;
+  if (size == 0) size = alignment;
+  if (posix_memalign(&ptr, alignment, size) != 0) return NULL;
+  return ptr;
+}
+
+void pa_aligned_free(void *ptr) { free(ptr); }
+
+static int online_cpus(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : (n > PA_MAX_THREADS ? PA_MAX_THREADS : (int)n);
+}
+
+static pa_status choose_isa(pa_isa *isa) {
+  *isa = pa_isa_detect();
+  const char *cap = getenv("PA_ISA");
+  if (!cap || !*cap) return PA_OK;
+  pa_isa requested;
+  if (!pa_isa_parse(cap, &requested)) {
+    return pa_fail(PA_ERR_INVALID_ARGUMENT,
+                   "pa_context_create: environment variable PA_ISA = \"%s\" names no kernel "
+                   "family (expected scalar, avx2 or avx512)",
+                   cap);
+  }
+  if (requested < *isa) *isa = requested;
+  return PA_OK;
+}
+
+pa_status pa_context_create(int num_threads, pa_context **out) {
+  if (!out) return pa_fail(PA_ERR_INVALID_ARGUMENT, "pa_context_create: ctx is NULL");
+  if (num_threads > PA_MAX_THREADS) {
+    return pa_fail(PA_ERR_INVALID_ARGUMENT, "pa_context_create: num_threads = %d exceeds %d",
+                   num_threads, PA_MAX_THREADS);
+  }
+  pa_isa isa;
+  pa_status status = choose_isa(&isa);
+  if (status != PA_OK) return status;
+
+  pa_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return pa_fail(PA_ERR_OUT_OF_MEMORY, "pa_context_create: out of memory");
+  ctx->num_threads = num_threads <= 0 ? online_cpus() : num_threads;
+  ctx->isa = isa;
+  pa_kernels_build(isa, &ctx->kernels);
+  ctx->thread_scratch = calloc((size_t)ctx->num_threads, sizeof *ctx->thread_scratch);
+  if (!ctx->thread_scratch || pa_pool_create(ctx->num_threads, &ctx->pool) != 0) {
+    free(ctx->thread_scratch);
+    free(ctx);
+    return pa_fail(PA_ERR_OUT_OF_MEMORY, "pa_context_create: cannot start %d threads", num_threads);
+  }
+  *out = ctx;
+  return PA_OK;
+}
+
+void pa_context_destroy(pa_context *ctx) {
+  if (!ctx) return;
+  pa_pool_destroy(ctx->pool);
+  for (int i = 0; i < ctx->num_threads; i++) pa_aligned_free(ctx->thread_scratch[i]);
+  free(ctx->thread_scratch);
+  pa_aligned_free(ctx->workspace);
+  pa_plan_destroy(ctx->scratch_plan);
+  free(ctx);
+}
+
+int pa_context_num_threads(const pa_context *ctx) { return ctx ? ctx->num_threads : 0; }
+
+const char *pa_context_isa(const pa_context *ctx) { return ctx ? ctx->kernels.isa : ""; }
+
+/* Sizes grow by half again so a slowly growing workload settles quickly. */
+static size_t grown(size_t have, size_t need) {
+  size_t next = have + have / 2;
+  return next > need ? next : need;
+}
+
+pa_status pa_context_reserve(pa_context *ctx, size_t per_thread, size_t shared,
+                             const char *caller) {
+  if (per_thread > ctx->thread_scratch_size) {
+    size_t size = grown(ctx->thread_scratch_size, per_thread);
+    for (int i = 0; i < ctx->num_threads; i++) {
+      void *buffer = pa_aligned_alloc(PA_SCRATCH_ALIGN, size);
+      if (!buffer) {
+        return pa_fail(PA_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of scratch", caller,
+                       size);
+      }
+      pa_aligned_free(ctx->thread_scratch[i]);
+      ctx->thread_scratch[i] = buffer;
+    }
+    ctx->thread_scratch_size = size;
+  }
+  if (shared > ctx->workspace_size) {
+    size_t size = grown(ctx->workspace_size, shared);
+    void *buffer = pa_aligned_alloc(PA_SCRATCH_ALIGN, size);
+    if (!buffer) {
+      return pa_fail(PA_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of workspace", caller,
+                     size);
+    }
+    pa_aligned_free(ctx->workspace);
+    ctx->workspace = buffer;
+    ctx->workspace_size = size;
+  }
+  return PA_OK;
+}

@@ -1,0 +1,64 @@
+/* CPU feature detection and kernel table assembly. */
+#include "dispatch.h"
+
+#include <string.h>
+
+#if defined(PA_HAVE_X86_KERNELS)
+#include <cpuid.h>
+
+static uint64_t read_xcr0(void) {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return ((uint64_t)edx << 32) | eax;
+}
+
+pa_isa pa_isa_detect(void) {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return PA_ISA_SCALAR;
+  int osxsave = (ecx >> 27) & 1, fma = (ecx >> 12) & 1, f16c = (ecx >> 29) & 1;
+  if (!osxsave) return PA_ISA_SCALAR;
+  uint64_t xcr0 = read_xcr0();
+  int os_ymm = (xcr0 & 0x6) == 0x6;
+  int os_zmm = (xcr0 & 0xe6) == 0xe6;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return PA_ISA_SCALAR;
+  int avx2 = (ebx >> 5) & 1;
+  int avx512f = (ebx >> 16) & 1, avx512dq = (ebx >> 17) & 1;
+  int avx512bw = (ebx >> 30) & 1, avx512vl = (ebx >> 31) & 1;
+  if (!(os_ymm && avx2 && fma && f16c)) return PA_ISA_SCALAR;
+  if (os_zmm && avx512f && avx512dq && avx512bw && avx512vl) return PA_ISA_AVX512;
+  return PA_ISA_AVX2;
+}
+#else
+pa_isa pa_isa_detect(void) { return PA_ISA_SCALAR; }
+#endif
+
+static const char *const pa_isa_names[] = {"scalar", "avx2", "avx512"};
+
+const char *pa_isa_name(pa_isa isa) { return pa_isa_names[isa]; }
+
+int pa_isa_parse(const char *name, pa_isa *isa) {
+  for (int i = 0; i < 3; i++) {
+    if (strcmp(name, pa_isa_names[i]) == 0) {
+      *isa = (pa_isa)i;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+void pa_kernels_build(pa_isa isa, pa_kernels *kernels) {
+  memset(kernels, 0, sizeof *kernels);
+  pa_convert_kernels_scalar(kernels);
+  pa_attn_kernels_scalar(kernels);
+#if defined(PA_HAVE_X86_KERNELS)
+  if (isa >= PA_ISA_AVX2) {
+    pa_convert_kernels_avx2(kernels);
+    pa_attn_kernels_avx2(kernels);
+  }
+  if (isa >= PA_ISA_AVX512) {
+    pa_convert_kernels_avx512(kernels);
+    pa_attn_kernels_avx512(kernels);
+  }
+#endif
+  kernels->isa = pa_isa_name(isa);
+}

@@ -1,0 +1,135 @@
+/* Attention micro-kernels, scalar: the specification of S = Q K^T, the
+ * online-softmax tile epilogue and O += P V. */
+#include <math.h>
+
+#include "codecs.h"
+#include "kernels.h"
+
+/* Each K/V row is decoded once into f32 and then used by every query row. */
+static void decode_row(pa_dtype dtype, const void *src, size_t d, float *dst) {
+  switch (dtype) {
+    case PA_F32: memcpy(dst, src, d * sizeof(float)); break;
+    case PA_F16:
+      for (size_t e = 0; e < d; e++) dst[e] = pa_f16_to_f32(((const uint16_t *)src)[e]);
+      break;
+    case PA_BF16:
+      for (size_t e = 0; e < d; e++) dst[e] = pa_bf16_to_f32(((const uint16_t *)src)[e]);
+      break;
+    case PA_FP8_E4M3:
+      for (size_t e = 0; e < d; e++) dst[e] = pa_e4m3_to_f32(((const uint8_t *)src)[e]);
+      break;
+    case PA_FP8_E5M2:
+      for (size_t e = 0; e < d; e++) dst[e] = pa_e5m2_to_f32(((const uint8_t *)src)[e]);
+      break;
+  }
+}
+
+static void qk(pa_dtype dtype, size_t m, size_t n, size_t d, const float *q, size_t ldq,
+               const void *const *k_rows, float *s, size_t lds) {
+  float k[PA_MAX_HEAD_SIZE];
+  for (size_t j = 0; j < n; j++) {
+    decode_row(dtype, k_rows[j], d, k);
+    for (size_t i = 0; i < m; i++) {
+      const float *qi = q + i * ldq;
+      float acc = 0.0f;
+      for (size_t e = 0; e < d; e++) acc += qi[e] * k[e];
+      s[i * lds + j] = acc;
+    }
+  }
+}
+
+static void pv(pa_dtype dtype, size_t m, size_t n, size_t d, const float *p, size_t ldp,
+               const void *const *v_rows, float *o, size_t ldo) {
+  float v[PA_MAX_HEAD_SIZE];
+  for (size_t j = 0; j < n; j++) {
+    decode_row(dtype, v_rows[j], d, v);
+    for (size_t i = 0; i < m; i++) {
+      float weight = p[i * ldp + j];
+      if (weight == 0.0f) continue; /* masked keys */
+      float *oi = o + i * ldo;
+      for (size_t e = 0; e < d; e++) oi[e] += weight * v[e];
+    }
+  }
+}
+
+#define PA_DEFINE_QK_PV(suffix, dtype)                                              \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const float *q, size_t ldq, \
+                          const void *const *k_rows, float *s, size_t lds) {        \
+    qk(dtype, m, n, d, q, ldq, k_rows, s, lds);                                     \
+  }                                                                                 \
+  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp, \
+                          const void *const *v_rows, float *o, size_t ldo) {        \
+    pv(dtype, m, n, d, p, ldp, v_rows, o, ldo);                                     \
+  }
+
+PA_DEFINE_QK_PV(f32, PA_F32)
+PA_DEFINE_QK_PV(f16, PA_F16)
+PA_DEFINE_QK_PV(bf16, PA_BF16)
+PA_DEFINE_QK_PV(e4m3, PA_FP8_E4M3)
+PA_DEFINE_QK_PV(e5m2, PA_FP8_E5M2)
+
+/* Visible columns of row i in this tile, as [*lo, *hi) clamped to [0, n). */
+static void visible_columns(const pa_softmax_tile *t, size_t i, size_t *lo, size_t *hi) {
+  *lo = 0;
+  *hi = t->n;
+  if (!t->key_lo) return;
+  int64_t first = t->key_lo[i] - t->first_key;
+  int64_t last = t->key_hi[i] - t->first_key;
+  first = PA_MAX(first, 0);
+  last = PA_MIN(last, (int64_t)t->n);
+  if (last < first) last = first;
+  *lo = (size_t)first;
+  *hi = (size_t)last;
+}
+
+static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, size_t ldo,
+                    size_t d) {
+  for (size_t i = 0; i < t->m; i++) {
+    float *row = s + i * lds;
+    size_t lo, hi;
+    visible_columns(t, i, &lo, &hi);
+    float tile_max = -INFINITY;
+    for (size_t j = lo; j < hi; j++) {
+      float x = row[j];
+      if (t->soft_cap > 0.0f) x = t->soft_cap * tanhf(x / t->soft_cap);
+      if (t->alibi) x += t->alibi[i] * (float)(t->first_key + (int64_t)j - t->position[i]);
+      row[j] = x;
+      tile_max = fmaxf(tile_max, x);
+    }
+    for (size_t j = 0; j < lo; j++) row[j] = 0.0f;
+    for (size_t j = hi; j < t->n; j++) row[j] = 0.0f;
+
+    float old_max = t->row_max[i];
+    float new_max = fmaxf(old_max, tile_max);
+    if (new_max == -INFINITY) { /* no key seen yet: nothing to weigh */
+      for (size_t j = lo; j < hi; j++) row[j] = 0.0f;
+      continue;
+    }
+    float correction = expf(old_max - new_max); /* 0 when old_max is -inf */
+    float sum = 0.0f;
+    for (size_t j = lo; j < hi; j++) {
+      row[j] = expf(row[j] - new_max);
+      sum += row[j];
+    }
+    t->row_sum[i] = t->row_sum[i] * correction + sum;
+    t->row_max[i] = new_max;
+    if (correction != 1.0f) {
+      float *oi = o + i * ldo;
+      for (size_t e = 0; e < d; e++) oi[e] *= correction;
+    }
+  }
+}
+
+void pa_attn_kernels_scalar(pa_kernels *k) {
+  k->qk[PA_F32] = qk_f32;
+  k->qk[PA_F16] = qk_f16;
+  k->qk[PA_BF16] = qk_bf16;
+  k->qk[PA_FP8_E4M3] = qk_e4m3;
+  k->qk[PA_FP8_E5M2] = qk_e5m2;
+  k->pv[PA_F32] = pv_f32;
+  k->pv[PA_F16] = pv_f16;
+  k->pv[PA_BF16] = pv_bf16;
+  k->pv[PA_FP8_E4M3] = pv_e4m3;
+  k->pv[PA_FP8_E5M2] = pv_e5m2;
+  k->softmax = softmax;
+}

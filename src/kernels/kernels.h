@@ -1,0 +1,73 @@
+/* The micro-kernel interface. Each operation file fills its entries of a
+ * pa_kernels table; a family (scalar, avx2, avx512) is the scalar entries
+ * overridden by the vector ones the machine supports. The framework builds
+ * the table once at context creation and calls through it. Every entry has a scalar version in
+ * *-scalar.c that is its specification; the vector ones are unit-tested against it.
+ *
+ * Conventions: counts are size_t; leading dimensions (ld*) are in elements;
+ * K and V rows are given as one pointer per key, which serves the paged
+ * cache (rows scattered over blocks) and dense K/V (one strided run) alike. */
+#ifndef PA_KERNELS_H
+#define PA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common.h"
+
+/* dst[i] = float(src[i]) * factor, src of an activation dtype. */
+typedef void (*pa_load_row_fn)(float *dst, const void *src, size_t n, float factor);
+/* dst[i] = dtype(src[i] * factor), rounded to nearest even. */
+typedef void (*pa_store_row_fn)(void *dst, const float *src, size_t n, float factor);
+/* dst[i] = cache_dtype(src[i] / scale) for FP8, cache_dtype(src[i]) otherwise. */
+typedef void (*pa_encode_row_fn)(void *dst, const float *src, size_t n, float scale);
+
+/* S[i][j] = dot(Q[i], K[j]) for i < m, j < n over d elements. Q is f32 with
+ * leading dimension ldq; K row j is k_rows[j], d elements of the table's
+ * cache dtype, stored values (the caller folds FP8 scales into Q). */
+typedef void (*pa_qk_fn)(size_t m, size_t n, size_t d, const float *q, size_t ldq,
+                         const void *const *k_rows, float *s, size_t lds);
+
+/* O[i][:] += sum_j P[i][j] * V[j][:] for i < m, j < n over d columns. */
+typedef void (*pa_pv_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                         const void *const *v_rows, float *o, size_t ldo);
+
+/* One key tile's epilogue for m query rows: turns the raw scores in S into
+ * softmax weights of the online (streaming) softmax, and rescales the rows of
+ * O whose running maximum grew. Row i's keys are first_key .. first_key+n-1. */
+typedef struct pa_softmax_tile {
+  size_t m, n;
+  int64_t first_key;
+  float soft_cap;          /* 0: none */
+  const float *alibi;      /* [m] slope per row, or NULL */
+  const int32_t *position; /* [m] query position per row (for ALiBi) */
+  const int32_t *key_lo;   /* [m] row i keeps keys in [key_lo[i], key_hi[i]); */
+  const int32_t *key_hi;   /*   NULL: the whole tile is visible to every row */
+  float *row_max;          /* [m] running maximum, -inf before the first key */
+  float *row_sum;          /* [m] running sum of exp(s - row_max) */
+} pa_softmax_tile;
+
+typedef void (*pa_softmax_fn)(const pa_softmax_tile *tile, float *s, size_t lds, float *o,
+                              size_t ldo, size_t d);
+
+typedef struct pa_kernels {
+  const char *isa;
+  pa_load_row_fn load_row[PA_NUM_ACT_DTYPES];   /* by activation dtype */
+  pa_store_row_fn store_row[PA_NUM_ACT_DTYPES]; /* by activation dtype */
+  pa_encode_row_fn encode_row[PA_NUM_DTYPES];   /* by cache dtype */
+  pa_qk_fn qk[PA_NUM_DTYPES];                   /* by K dtype */
+  pa_pv_fn pv[PA_NUM_DTYPES];                   /* by V dtype */
+  pa_softmax_fn softmax;
+} pa_kernels;
+
+/* Registration: each fills the entries of one operation file. */
+void pa_convert_kernels_scalar(pa_kernels *k);
+void pa_attn_kernels_scalar(pa_kernels *k);
+#if defined(PA_HAVE_X86_KERNELS)
+void pa_convert_kernels_avx2(pa_kernels *k);
+void pa_attn_kernels_avx2(pa_kernels *k);
+void pa_convert_kernels_avx512(pa_kernels *k);
+void pa_attn_kernels_avx512(pa_kernels *k);
+#endif
+
+#endif

@@ -1,0 +1,272 @@
+/* The planner and the public plan handle. */
+#include "plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  PA_KEY_TILE = 64,
+  /* Query rows x heads of a prefill item: enough rows to amortise packing a
+   * K/V tile, few enough that its Q and O stay in L2. */
+  PA_TARGET_ROWS = 64,
+  /* rows x heads x head_size of any item (Q and O scratch, 128 KiB each). */
+  PA_ROW_BUDGET = 32768,
+  /* Up to this many query rows per sequence (decode, speculative decoding)
+   * go into one item, so the sequence's K/V are read once. */
+  PA_DECODE_ROWS = 16,
+  PA_MIN_SPLIT_KEYS = 256,
+  PA_MAX_SPLITS = 64,
+  PA_ITEMS_PER_THREAD = 4,
+  PA_SPLIT_ALIGN = 16,
+};
+
+static size_t align_up(size_t value, size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_tile) {
+  size_t m = (size_t)max_rows, d = (size_t)head_size, n = (size_t)key_tile;
+  pa_scratch_layout l;
+  size_t at = 0;
+#define PA_PLACE(field, bytes) \
+  l.field = at;                \
+  at = align_up(at + (bytes), PA_SCRATCH_ALIGN)
+  PA_PLACE(q, m * d * sizeof(float));
+  PA_PLACE(o, m * d * sizeof(float));
+  PA_PLACE(s, m * n * sizeof(float));
+  PA_PLACE(row_max, m * sizeof(float));
+  PA_PLACE(row_sum, m * sizeof(float));
+  PA_PLACE(position, m * sizeof(int32_t));
+  PA_PLACE(key_lo, m * sizeof(int32_t));
+  PA_PLACE(key_hi, m * sizeof(int32_t));
+  PA_PLACE(alibi, m * sizeof(float));
+  PA_PLACE(k_rows, n * sizeof(void *));
+  PA_PLACE(v_rows, n * sizeof(void *));
+  PA_PLACE(merge, d * sizeof(float));
+#undef PA_PLACE
+  l.total = at;
+  return l;
+}
+
+/* Grows *array to hold `count` elements of `size` bytes. */
+static int reserve(void **array, size_t *capacity, size_t count, size_t size) {
+  if (count <= *capacity) return 1;
+  size_t next = PA_MAX(count, *capacity * 2);
+  void *grown = realloc(*array, next * size);
+  if (!grown) return 0;
+  *array = grown;
+  *capacity = next;
+  return 1;
+}
+
+static int64_t item_cost(const pa_plan *plan, pa_mask mask, const pa_plan_item *item) {
+  int64_t q_len = plan->q_starts[item->seq + 1] - plan->q_starts[item->seq];
+  int64_t k_len = plan->kv_lens[item->seq];
+  int64_t pairs = 0;
+  for (int64_t row = item->row_begin; row < item->row_end; row++) {
+    int64_t lo, hi;
+    pa_row_keys(mask, q_len, k_len, row, &lo, &hi);
+    lo = PA_MAX(lo, item->key_begin);
+    hi = PA_MIN(hi, item->key_end);
+    if (hi > lo) pairs += hi - lo;
+  }
+  return pairs * (item->head_end - item->head_begin) + (item->key_end - item->key_begin);
+}
+
+/* The keys any row of the item sees: consecutive rows' ranges overlap or
+ * touch, so the union is one interval. */
+static void item_visible_keys(const pa_plan *plan, pa_mask mask, const pa_plan_item *item,
+                              int64_t *lo, int64_t *hi) {
+  int64_t q_len = plan->q_starts[item->seq + 1] - plan->q_starts[item->seq];
+  int64_t k_len = plan->kv_lens[item->seq], unused;
+  pa_row_keys(mask, q_len, k_len, item->row_begin, lo, &unused);
+  pa_row_keys(mask, q_len, k_len, item->row_end - 1, &unused, hi);
+}
+
+static pa_status out_of_memory(const char *caller) {
+  return pa_fail(PA_ERR_OUT_OF_MEMORY, "%s: cannot allocate the plan", caller);
+}
+
+static int push_item(pa_plan *plan, const pa_plan_item *item) {
+  if (!reserve((void **)&plan->items, &plan->items_capacity, plan->num_items + 1,
+               sizeof *plan->items)) {
+    return 0;
+  }
+  plan->items[plan->num_items++] = *item;
+  return 1;
+}
+
+static pa_status make_items(pa_plan *plan, const pa_plan_request *r, const char *caller) {
+  int group = r->num_heads / r->num_kv_heads;
+  int max_rows = PA_MAX(1, PA_ROW_BUDGET / r->head_size);
+  plan->max_rows = 1;
+  for (int s = 0; s < r->num_seqs; s++) {
+    int q_len = plan->q_starts[s + 1] - plan->q_starts[s];
+    if (q_len == 0) continue;
+    int heads, rows;
+    if (q_len <= PA_DECODE_ROWS && q_len <= max_rows) {
+      rows = q_len;
+      heads = PA_MIN(group, max_rows / rows);
+    } else {
+      heads = PA_MIN(group, max_rows);
+      rows = PA_MAX(1, PA_MIN(PA_TARGET_ROWS, max_rows) / heads);
+    }
+    plan->max_rows = PA_MAX(plan->max_rows, rows * heads);
+    for (int kv = 0; kv < r->num_kv_heads; kv++) {
+      for (int h = 0; h < group; h += heads) {
+        for (int row = 0; row < q_len; row += rows) {
+          pa_plan_item item = {
+              .seq = s,
+              .kv_head = kv,
+              .head_begin = kv * group + h,
+              .head_end = kv * group + PA_MIN(h + heads, group),
+              .row_begin = row,
+              .row_end = PA_MIN(row + rows, q_len),
+              .key_begin = 0,
+              .key_end = plan->kv_lens[s],
+              .split = -1,
+              .split_group = -1,
+          };
+          item.cost = item_cost(plan, r->mask, &item);
+          if (!push_item(plan, &item)) return out_of_memory(caller);
+        }
+      }
+    }
+  }
+  return PA_OK;
+}
+
+/* Splits items whose cost dwarfs a thread's fair share along their keys.
+ * Split items are appended; the original becomes split 0. */
+static pa_status split_long_items(pa_plan *plan, const pa_plan_request *r, const char *caller) {
+  if (r->num_threads <= 1) return PA_OK;
+  double total = 0; /* a double: the sum of absurd batches must not overflow */
+  for (size_t i = 0; i < plan->num_items; i++) total += (double)plan->items[i].cost;
+  int64_t fair = (int64_t)(total / (r->num_threads * PA_ITEMS_PER_THREAD));
+  if (fair <= 0) return PA_OK;
+  size_t original_items = plan->num_items;
+  size_t m_plus = (size_t)r->head_size + 2;
+  for (size_t i = 0; i < original_items; i++) {
+    pa_plan_item item = plan->items[i];
+    if (item.cost <= 2 * fair) continue;
+    int64_t lo, hi;
+    item_visible_keys(plan, r->mask, &item, &lo, &hi);
+    int64_t splits = PA_MIN((item.cost + fair - 1) / fair, (hi - lo) / PA_MIN_SPLIT_KEYS);
+    splits = PA_MIN(splits, PA_MAX_SPLITS);
+    if (splits < 2) continue;
+    if (!reserve((void **)&plan->groups, &plan->groups_capacity, plan->num_groups + 1,
+                 sizeof *plan->groups)) {
+      return out_of_memory(caller);
+    }
+    pa_split_group *g = &plan->groups[plan->num_groups];
+    *g =
+        (pa_split_group){item.seq, item.head_begin,     item.head_end, item.row_begin, item.row_end,
+                         0,        plan->partial_floats};
+    /* Cut the visible keys evenly; the first and last pieces reach the ends
+     * of the sequence so the items cover every key for any layer's mask. */
+    int64_t begin = 0;
+    for (int64_t k = 1; k <= splits; k++) {
+      int64_t end = k == splits ? item.key_end
+                                : (lo + (hi - lo) * k / splits) / PA_SPLIT_ALIGN * PA_SPLIT_ALIGN;
+      if (end <= begin) continue;
+      pa_plan_item piece = item;
+      piece.key_begin = (int32_t)begin;
+      piece.key_end = (int32_t)end;
+      piece.split = g->num_splits++;
+      piece.split_group = (int32_t)plan->num_groups;
+      piece.cost = item_cost(plan, r->mask, &piece);
+      if (piece.split == 0) {
+        plan->items[i] = piece;
+      } else if (!push_item(plan, &piece)) {
+        return out_of_memory(caller);
+      }
+      begin = end;
+    }
+    size_t rows =
+        (size_t)(item.row_end - item.row_begin) * (size_t)(item.head_end - item.head_begin);
+    plan->partial_floats += (size_t)g->num_splits * rows * m_plus;
+    plan->num_groups++;
+  }
+  return PA_OK;
+}
+
+static int by_cost_descending(const void *a, const void *b) {
+  const pa_plan_item *x = a, *y = b;
+  if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
+  if (x->seq != y->seq) return x->seq < y->seq ? -1 : 1;
+  if (x->head_begin != y->head_begin) return x->head_begin < y->head_begin ? -1 : 1;
+  if (x->row_begin != y->row_begin) return x->row_begin < y->row_begin ? -1 : 1;
+  return x->key_begin < y->key_begin ? -1 : (x->key_begin > y->key_begin);
+}
+
+pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *caller) {
+  size_t seqs = (size_t)r->num_seqs;
+  /* q_starts and kv_lens share one allocation: [seqs + 1] then [seqs]. */
+  if (!reserve((void **)&plan->lengths, &plan->lengths_capacity, 2 * seqs + 1, sizeof(int32_t))) {
+    return out_of_memory(caller);
+  }
+  plan->q_starts = plan->lengths;
+  plan->kv_lens = plan->lengths + seqs + 1;
+  plan->num_heads = r->num_heads;
+  plan->num_kv_heads = r->num_kv_heads;
+  plan->head_size = r->head_size;
+  plan->num_seqs = r->num_seqs;
+  plan->q_starts[0] = 0;
+  if (seqs > 0) {
+    memcpy(plan->q_starts, r->q_starts, (seqs + 1) * sizeof(int32_t));
+    for (size_t s = 0; s < seqs; s++) {
+      plan->kv_lens[s] = r->kv_starts ? r->kv_starts[s + 1] - r->kv_starts[s] : r->kv_lens[s];
+    }
+  }
+  plan->num_items = 0;
+  plan->num_groups = 0;
+  plan->partial_floats = 0;
+  plan->key_tile = PA_KEY_TILE;
+
+  pa_status status = make_items(plan, r, caller);
+  if (status == PA_OK) status = split_long_items(plan, r, caller);
+  if (status != PA_OK) return status;
+  qsort(plan->items, plan->num_items, sizeof *plan->items, by_cost_descending);
+  plan->scratch_bytes = pa_scratch_layout_for(plan->max_rows, r->head_size, plan->key_tile).total;
+  return PA_OK;
+}
+
+pa_status pa_plan_create(pa_context *ctx, const pa_layer *layer, const pa_batch *batch,
+                         pa_plan **out) {
+  const char *caller = "pa_plan_create";
+  if (!ctx) return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", caller);
+  if (!layer) return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: layer is NULL", caller);
+  if (!batch) return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: batch is NULL", caller);
+  if (!out) return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: plan is NULL", caller);
+  pa_status status =
+      pa_check_lengths(batch->num_seqs, batch->query_start_loc, "query_start_loc", batch->seq_lens,
+                       NULL, "seq_lens", layer->type == PA_ATTN_DECODER, caller);
+  if (status != PA_OK) return status;
+  pa_plan *plan = calloc(1, sizeof *plan);
+  if (!plan) return out_of_memory(caller);
+  pa_plan_request request = {
+      .num_threads = ctx->num_threads,
+      .num_heads = layer->num_heads,
+      .num_kv_heads = layer->num_kv_heads,
+      .head_size = layer->head_size,
+      .mask = pa_layer_mask(layer),
+      .num_seqs = batch->num_seqs,
+      .q_starts = batch->query_start_loc,
+      .kv_lens = batch->seq_lens,
+  };
+  status = pa_plan_build(plan, &request, caller);
+  if (status != PA_OK) {
+    pa_plan_destroy(plan);
+    return status;
+  }
+  *out = plan;
+  return PA_OK;
+}
+
+void pa_plan_destroy(pa_plan *plan) {
+  if (!plan) return;
+  free(plan->lengths);
+  free(plan->items);
+  free(plan->groups);
+  free(plan);
+}

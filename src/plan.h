@@ -1,0 +1,78 @@
+/* Planning: the split of one batch's attention into work items.
+ *
+ * An item is one sequence's query rows [row_begin, row_end) for the query
+ * heads [head_begin, head_end) of one KV head, over the keys
+ * [key_begin, key_end). All heads of a KV head go into one item where scratch
+ * allows, so each K/V tile is read once for all of them. A long key range is
+ * split across several items (split-K); their partial results are merged
+ * through the log-sum-exp afterwards, one merge per split group. Items are
+ * ordered longest first for the pool's dynamic schedule. */
+#ifndef PA_PLAN_H
+#define PA_PLAN_H
+
+#include "batch.h"
+
+struct pa_plan_item {
+  int32_t seq;
+  int32_t kv_head;
+  int32_t head_begin, head_end; /* absolute query head indices */
+  int32_t row_begin, row_end;   /* rows of the sequence, from 0 */
+  int32_t key_begin, key_end;
+  int32_t split;       /* index within its split group; -1 when not split */
+  int32_t split_group; /* index into pa_plan.groups when split */
+  int64_t cost;        /* for ordering: attended (row, head, key) triples plus keys read */
+};
+
+/* The items of a split group share seq, heads and rows; each leaves its
+ * partial result at partial_offset + split * rows * heads * (head_size + 2). */
+typedef struct pa_split_group {
+  int32_t seq;
+  int32_t head_begin, head_end;
+  int32_t row_begin, row_end;
+  int32_t num_splits;
+  size_t partial_offset; /* in floats, into the call's workspace */
+} pa_split_group;
+
+struct pa_plan {
+  /* What the plan was made for: a call must match it. */
+  int num_heads, num_kv_heads, head_size;
+  int num_seqs;
+  int32_t *q_starts; /* [num_seqs + 1], in `lengths` */
+  int32_t *kv_lens;  /* [num_seqs], in `lengths` */
+  int32_t *lengths;
+  /* The work. */
+  pa_plan_item *items;
+  size_t num_items;
+  pa_split_group *groups;
+  size_t num_groups;
+  size_t partial_floats; /* split-K workspace */
+  size_t scratch_bytes;  /* per thread */
+  int max_rows;          /* rows x heads of the largest item */
+  int key_tile;          /* keys per tile */
+  /* Capacities, so the context's own plan is rebuilt without allocating. */
+  size_t lengths_capacity, items_capacity, groups_capacity;
+};
+
+typedef struct pa_plan_request {
+  int num_threads;
+  int num_heads, num_kv_heads, head_size;
+  pa_mask mask; /* for the cost model only: items always cover every key */
+  int num_seqs;
+  const int32_t *q_starts;  /* [num_seqs + 1]; NULL when num_seqs is 0 */
+  const int32_t *kv_lens;   /* [num_seqs] key count per sequence, or */
+  const int32_t *kv_starts; /* [num_seqs + 1] cumulative key rows (dense K/V) */
+} pa_plan_request;
+
+/* (Re)builds `plan` in place; PA_ERR_OUT_OF_MEMORY names `caller`. */
+pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *request, const char *caller);
+
+/* Per-thread scratch layout of one item, shared by the planner (for its size)
+ * and the executor. */
+typedef struct pa_scratch_layout {
+  size_t q, o, s, row_max, row_sum, position, key_lo, key_hi, alibi, k_rows, v_rows, merge;
+  size_t total;
+} pa_scratch_layout;
+
+pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_tile);
+
+#endif
