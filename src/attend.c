@@ -4,16 +4,19 @@
 
 #include <math.h>
 #include <string.h>
+#include <stdlib.h>
+#ifndef PF_LOC
+#define PF_LOC 1
+#endif
 
-/* Pointers to the K and V rows of keys [first, first + n) of a sequence. */
-static void gather_tile_rows(const pa_kv_source *kv, int32_t seq, int32_t kv_head,
-                             int64_t head_size, int64_t first, int64_t n, const void **k_rows,
-                             const void **v_rows) {
+/* Pointers to the K and V rows of keys [first, first + n) of a sequence for
+ * one KV head; another KV head's rows are at + kv_head_bytes(). */
+static void gather_tile_rows(const pa_kv_source *kv, int32_t seq, int32_t kv_head, int64_t first,
+                             int64_t n, const void **k_rows, const void **v_rows) {
   if (!kv->block_tables) {
     int64_t row = kv->row_starts[seq] + first;
-    int64_t head_offset = kv_head * head_size * (int64_t)pa_dtype_size(kv->dtype);
-    const char *k = kv->key + row * kv->key_row_bytes + head_offset;
-    const char *v = kv->value + row * kv->value_row_bytes + head_offset;
+    const char *k = kv->key + row * kv->key_row_bytes + kv_head * kv->head_bytes;
+    const char *v = kv->value + row * kv->value_row_bytes + kv_head * kv->head_bytes;
     for (int64_t i = 0; i < n; i++) {
       k_rows[i] = k + i * kv->key_row_bytes;
       v_rows[i] = v + i * kv->value_row_bytes;
@@ -86,8 +89,8 @@ static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
   return s;
 }
 
-/* Loads the item's query rows (row-major by row, then head) and the keys
- * each sees; returns the union of those key ranges in *lo, *hi. */
+/* Loads the item's query rows (by KV head, row, head) and the keys each
+ * sees; returns the union of those key ranges in *lo, *hi. */
 static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item, pa_item_scratch *s,
                            int64_t *lo, int64_t *hi) {
   const pa_layer *layer = c->layer;
@@ -95,10 +98,12 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
   size_t d = (size_t)layer->head_size, act_size = pa_dtype_size(layer->dtype);
   int64_t q_start = plan->q_starts[item->seq];
   int64_t q_len = plan->q_starts[item->seq + 1] - q_start, k_len = plan->kv_lens[item->seq];
-  size_t m = 0;
+  size_t m = pa_item_rows(item);
   *lo = INT64_MAX;
   *hi = INT64_MIN;
-  for (int32_t r = item->row_begin; r < item->row_end; r++) {
+  for (size_t i = 0; i < m; i++) {
+    int32_t r, h;
+    pa_item_row_head(item, i, &r, &h);
     int64_t key_lo, key_hi;
     pa_row_keys(c->mask, q_len, k_len, r, &key_lo, &key_hi);
     key_lo = PA_MAX(key_lo, item->key_begin);
@@ -107,17 +112,18 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
       *lo = PA_MIN(*lo, key_lo);
       *hi = PA_MAX(*hi, key_hi);
     }
-    const char *row = c->query + (q_start + r) * c->query_row_bytes;
-    for (int32_t h = item->head_begin; h < item->head_end; h++, m++) {
-      c->kernels->load_row[layer->dtype](s->q + m * d, row + (size_t)h * d * act_size, d,
-                                         c->q_factor);
-      s->position[m] = (int32_t)(k_len - q_len + r);
-      s->key_lo[m] = (int32_t)key_lo;
-      s->key_hi[m] = (int32_t)key_hi;
-      s->alibi[m] = layer->alibi ? layer->alibi[h] : 0.0f;
-    }
+    const char *src = c->query + (q_start + r) * c->query_row_bytes + (size_t)h * d * act_size;
+    c->kernels->load_row[layer->dtype](s->q + i * d, src, d, c->q_factor);
+    s->position[i] = (int32_t)(k_len - q_len + r);
+    s->key_lo[i] = (int32_t)key_lo;
+    s->key_hi[i] = (int32_t)key_hi;
+    s->alibi[i] = layer->alibi ? layer->alibi[h] : 0.0f;
   }
   return m;
+}
+
+static void offset_rows(const void *const *rows, int64_t n, int64_t offset, const void **out) {
+  for (int64_t i = 0; i < n; i++) out[i] = (const char *)rows[i] + offset;
 }
 
 static void attend_item(const pa_attention_call *c, const pa_plan_item *item, int thread) {
@@ -127,44 +133,78 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   size_t d = (size_t)layer->head_size, tile = (size_t)c->plan->key_tile;
   int64_t lo, hi;
   size_t m = load_queries(c, item, &s, &lo, &hi);
+  size_t kv_count = (size_t)(item->kv_end - item->kv_begin), m_kv = m / kv_count;
   memset(s.o, 0, m * d * sizeof(float));
   for (size_t i = 0; i < m; i++) {
     s.row_max[i] = -INFINITY;
     s.row_sum[i] = 0.0f;
   }
 
-  pa_softmax_tile t = {
-      .m = m,
-      .soft_cap = layer->soft_cap,
-      .alibi = layer->alibi ? s.alibi : NULL,
-      .position = s.position,
-      .key_hi = s.key_hi,
-      .row_max = s.row_max,
-      .row_sum = s.row_sum,
-  };
-  for (int64_t first = lo; first < hi; first += (int64_t)tile) {
+  /* Row pointers: the tile's for the first KV head, double-buffered so the
+   * next tile's are known while this one computes, and two sets for the
+   * other KV heads. Each kernel call prefetches what the next one reads. */
+  const void **k_rows[4], **v_rows[4];
+  for (int b = 0; b < 4; b++) {
+    k_rows[b] = s.k_rows + (size_t)b * tile;
+    v_rows[b] = s.v_rows + (size_t)b * tile;
+  }
+  int64_t row_bytes = (int64_t)(d * pa_dtype_size(c->kv.dtype));
+  int current = 0;
+  if (lo < hi) {
+    gather_tile_rows(&c->kv, item->seq, item->kv_begin, lo, PA_MIN((int64_t)tile, hi - lo),
+                     k_rows[0], v_rows[0]);
+  }
+  for (int64_t first = lo; first < hi; first += (int64_t)tile, current ^= 1) {
     size_t n = (size_t)PA_MIN((int64_t)tile, hi - first);
+    int64_t next = first + (int64_t)tile, next_n = PA_MAX(PA_MIN((int64_t)tile, hi - next), 0);
+    if (next_n > 0) {
+      gather_tile_rows(&c->kv, item->seq, item->kv_begin, next, next_n, k_rows[current ^ 1],
+                       v_rows[current ^ 1]);
+    }
     int all_visible = 1;
     for (size_t i = 0; i < m && all_visible; i++) {
       all_visible = s.key_lo[i] <= first && s.key_hi[i] >= first + (int64_t)n;
     }
-    gather_tile_rows(&c->kv, item->seq, item->kv_head, (int64_t)d, first, (int64_t)n, s.k_rows,
-                     s.v_rows);
-    k->qk[c->kv.dtype](m, n, d, s.q, d, s.k_rows, s.s, tile);
-    t.n = n;
-    t.first_key = first;
-    t.key_lo = all_visible ? NULL : s.key_lo;
-    k->softmax(&t, s.s, tile, s.o, d, d);
-    k->pv[c->kv.dtype](m, n, d, s.s, tile, s.v_rows, s.o, d);
+    const void **k_tile = k_rows[current], **v_tile = v_rows[current];
+    for (size_t kv = 0; kv < kv_count; kv++) {
+      pa_prefetch k_next = {k_rows[current ^ 1], (size_t)next_n, (size_t)row_bytes};
+      pa_prefetch v_next = {v_rows[current ^ 1], (size_t)next_n, (size_t)row_bytes};
+      if (kv + 1 < kv_count) {
+        int b = 2 + (int)((kv + 1) & 1);
+        int64_t offset = (int64_t)(kv + 1) * c->kv.head_bytes;
+        offset_rows(k_rows[current], (int64_t)n, offset, k_rows[b]);
+        offset_rows(v_rows[current], (int64_t)n, offset, v_rows[b]);
+        k_next = (pa_prefetch){k_rows[b], n, (size_t)row_bytes};
+        v_next = (pa_prefetch){v_rows[b], n, (size_t)row_bytes};
+      }
+      size_t r0 = kv * m_kv;
+      float *q = s.q + r0 * d, *o = s.o + r0 * d, *scores = s.s + r0 * tile;
+      k->qk[c->kv.dtype](m_kv, n, d, q, d, k_tile, scores, tile, &k_next);
+      pa_softmax_tile t = {
+          .m = m_kv,
+          .n = n,
+          .first_key = first,
+          .soft_cap = layer->soft_cap,
+          .alibi = layer->alibi ? s.alibi + r0 : NULL,
+          .position = s.position + r0,
+          .key_lo = all_visible ? NULL : s.key_lo + r0,
+          .key_hi = s.key_hi + r0,
+          .row_max = s.row_max + r0,
+          .row_sum = s.row_sum + r0,
+      };
+      k->softmax(&t, scores, tile, o, d, d);
+      k->pv[c->kv.dtype](m_kv, n, d, scores, tile, v_tile, o, d, &v_next);
+      k_tile = (const void **)k_next.rows;
+      v_tile = (const void **)v_next.rows;
+    }
   }
 
   int64_t q_start = c->plan->q_starts[item->seq];
-  int32_t heads = item->head_end - item->head_begin;
   if (item->split < 0) {
     for (size_t i = 0; i < m; i++) {
-      int64_t row = q_start + item->row_begin + (int64_t)i / heads;
-      finish_row(c, row, item->head_begin + (int32_t)(i % (size_t)heads), s.o + i * d, s.row_max[i],
-                 s.row_sum[i]);
+      int32_t r, h;
+      pa_item_row_head(item, i, &r, &h);
+      finish_row(c, q_start + r, h, s.o + i * d, s.row_max[i], s.row_sum[i]);
     }
     return;
   }
@@ -179,11 +219,10 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
 
 static void merge_group(const pa_attention_call *c, const pa_split_group *g, int thread) {
   size_t d = (size_t)c->layer->head_size;
-  int32_t heads = g->head_end - g->head_begin;
-  size_t m = (size_t)(g->row_end - g->row_begin) * (size_t)heads;
+  size_t m = pa_item_rows(&g->shape);
   float *acc = carve_scratch(c, thread).merge;
   const float *parts = c->partials + g->partial_offset;
-  int64_t q_start = c->plan->q_starts[g->seq];
+  int64_t q_start = c->plan->q_starts[g->shape.seq];
   for (size_t i = 0; i < m; i++) {
     float row_max = -INFINITY;
     for (int32_t p = 0; p < g->num_splits; p++) {
@@ -200,8 +239,9 @@ static void merge_group(const pa_attention_call *c, const pa_split_group *g, int
         for (size_t e = 0; e < d; e++) acc[e] += weight * part[e];
       }
     }
-    int64_t row = q_start + g->row_begin + (int64_t)i / heads;
-    finish_row(c, row, g->head_begin + (int32_t)(i % (size_t)heads), acc, row_max, row_sum);
+    int32_t r, h;
+    pa_item_row_head(&g->shape, i, &r, &h);
+    finish_row(c, q_start + r, h, acc, row_max, row_sum);
   }
 }
 

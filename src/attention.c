@@ -218,6 +218,7 @@ pa_status pa_varlen_attention(pa_context *ctx, const pa_layer *layer, const void
              .value = value,
              .dtype = layer->dtype,
              .row_starts = cu_seqlens_k,
+             .head_bytes = (int64_t)layer->head_size * (int64_t)act_size,
              .key_row_bytes = key_stride * (int64_t)act_size,
              .value_row_bytes = value_stride * (int64_t)act_size},
       .q_factor = layer->scale,

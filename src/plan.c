@@ -40,8 +40,8 @@ pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_til
   PA_PLACE(key_lo, m * sizeof(int32_t));
   PA_PLACE(key_hi, m * sizeof(int32_t));
   PA_PLACE(alibi, m * sizeof(float));
-  PA_PLACE(k_rows, n * sizeof(void *));
-  PA_PLACE(v_rows, n * sizeof(void *));
+  PA_PLACE(k_rows, 4 * n * sizeof(void *)); /* see attend_item */
+  PA_PLACE(v_rows, 4 * n * sizeof(void *));
   PA_PLACE(merge, d * sizeof(float));
 #undef PA_PLACE
   l.total = at;
@@ -70,7 +70,8 @@ static int64_t item_cost(const pa_plan *plan, pa_mask mask, const pa_plan_item *
     hi = PA_MIN(hi, item->key_end);
     if (hi > lo) pairs += hi - lo;
   }
-  return pairs * (item->head_end - item->head_begin) + (item->key_end - item->key_begin);
+  int64_t keys_read = (int64_t)(item->key_end - item->key_begin) * (item->kv_end - item->kv_begin);
+  return pairs * (item->head_end - item->head_begin) + keys_read;
 }
 
 /* The keys any row of the item sees: consecutive rows' ranges overlap or
@@ -96,6 +97,37 @@ static int push_item(pa_plan *plan, const pa_plan_item *item) {
   return 1;
 }
 
+/* Appends the items of sequence s: `rows` query rows by `heads` query heads
+ * of one KV head each, or, when kv_per_item > 1, whole KV heads. */
+static pa_status push_sequence(pa_plan *plan, const pa_plan_request *r, int s, int rows, int heads,
+                               int kv_per_item, const char *caller) {
+  int group = r->num_heads / r->num_kv_heads;
+  int q_len = plan->q_starts[s + 1] - plan->q_starts[s];
+  for (int kv = 0; kv < r->num_kv_heads; kv += kv_per_item) {
+    int kv_end = PA_MIN(kv + kv_per_item, r->num_kv_heads);
+    for (int h = 0; h < group; h += heads) {
+      for (int row = 0; row < q_len; row += rows) {
+        pa_plan_item item = {
+            .seq = s,
+            .kv_begin = kv,
+            .kv_end = kv_end,
+            .head_begin = kv * group + h,
+            .head_end = kv_per_item > 1 ? kv_end * group : kv * group + PA_MIN(h + heads, group),
+            .row_begin = row,
+            .row_end = PA_MIN(row + rows, q_len),
+            .key_begin = 0,
+            .key_end = plan->kv_lens[s],
+            .split = -1,
+            .split_group = -1,
+        };
+        item.cost = item_cost(plan, r->mask, &item);
+        if (!push_item(plan, &item)) return out_of_memory(caller);
+      }
+    }
+  }
+  return PA_OK;
+}
+
 static pa_status make_items(pa_plan *plan, const pa_plan_request *r, const char *caller) {
   int group = r->num_heads / r->num_kv_heads;
   int max_rows = PA_MAX(1, PA_ROW_BUDGET / r->head_size);
@@ -103,35 +135,18 @@ static pa_status make_items(pa_plan *plan, const pa_plan_request *r, const char 
   for (int s = 0; s < r->num_seqs; s++) {
     int q_len = plan->q_starts[s + 1] - plan->q_starts[s];
     if (q_len == 0) continue;
-    int heads, rows;
+    int heads, rows, kv_per_item = 1;
     if (q_len <= PA_DECODE_ROWS && q_len <= max_rows) {
       rows = q_len;
       heads = PA_MIN(group, max_rows / rows);
+      if (heads == group) kv_per_item = PA_MIN(r->num_kv_heads, max_rows / (rows * group));
     } else {
       heads = PA_MIN(group, max_rows);
       rows = PA_MAX(1, PA_MIN(PA_TARGET_ROWS, max_rows) / heads);
     }
-    plan->max_rows = PA_MAX(plan->max_rows, rows * heads);
-    for (int kv = 0; kv < r->num_kv_heads; kv++) {
-      for (int h = 0; h < group; h += heads) {
-        for (int row = 0; row < q_len; row += rows) {
-          pa_plan_item item = {
-              .seq = s,
-              .kv_head = kv,
-              .head_begin = kv * group + h,
-              .head_end = kv * group + PA_MIN(h + heads, group),
-              .row_begin = row,
-              .row_end = PA_MIN(row + rows, q_len),
-              .key_begin = 0,
-              .key_end = plan->kv_lens[s],
-              .split = -1,
-              .split_group = -1,
-          };
-          item.cost = item_cost(plan, r->mask, &item);
-          if (!push_item(plan, &item)) return out_of_memory(caller);
-        }
-      }
-    }
+    plan->max_rows = PA_MAX(plan->max_rows, rows * heads * kv_per_item);
+    pa_status status = push_sequence(plan, r, s, rows, heads, kv_per_item, caller);
+    if (status != PA_OK) return status;
   }
   return PA_OK;
 }
@@ -159,9 +174,7 @@ static pa_status split_long_items(pa_plan *plan, const pa_plan_request *r, const
       return out_of_memory(caller);
     }
     pa_split_group *g = &plan->groups[plan->num_groups];
-    *g =
-        (pa_split_group){item.seq, item.head_begin,     item.head_end, item.row_begin, item.row_end,
-                         0,        plan->partial_floats};
+    *g = (pa_split_group){.shape = item, .partial_offset = plan->partial_floats};
     /* Cut the visible keys evenly; the first and last pieces reach the ends
      * of the sequence so the items cover every key for any layer's mask. */
     int64_t begin = 0;
@@ -194,6 +207,7 @@ static int by_cost_descending(const void *a, const void *b) {
   const pa_plan_item *x = a, *y = b;
   if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
   if (x->seq != y->seq) return x->seq < y->seq ? -1 : 1;
+  if (x->kv_begin != y->kv_begin) return x->kv_begin < y->kv_begin ? -1 : 1;
   if (x->head_begin != y->head_begin) return x->head_begin < y->head_begin ? -1 : 1;
   if (x->row_begin != y->row_begin) return x->row_begin < y->row_begin ? -1 : 1;
   return x->key_begin < y->key_begin ? -1 : (x->key_begin > y->key_begin);

@@ -1,9 +1,11 @@
 /* Planning: the split of one batch's attention into work items.
  *
  * An item is one sequence's query rows [row_begin, row_end) for the query
- * heads [head_begin, head_end) of one KV head, over the keys
- * [key_begin, key_end). All heads of a KV head go into one item where scratch
- * allows, so each K/V tile is read once for all of them. A long key range is
+ * heads [head_begin, head_end) of the KV heads [kv_begin, kv_end), over the
+ * keys [key_begin, key_end). All query heads of a KV head go into one item
+ * where scratch allows, so each K/V tile is read once for all of them. A
+ * decode item takes every KV head of its sequence, so it reads each cache
+ * block as one contiguous region (the heads of a block are adjacent). A long key range is
  * split across several items (split-K); their partial results are merged
  * through the log-sum-exp afterwards, one merge per split group. Items are
  * ordered longest first for the pool's dynamic schedule. */
@@ -14,7 +16,7 @@
 
 struct pa_plan_item {
   int32_t seq;
-  int32_t kv_head;
+  int32_t kv_begin, kv_end;     /* several only when they bring all their query heads */
   int32_t head_begin, head_end; /* absolute query head indices */
   int32_t row_begin, row_end;   /* rows of the sequence, from 0 */
   int32_t key_begin, key_end;
@@ -23,12 +25,12 @@ struct pa_plan_item {
   int64_t cost;        /* for ordering: attended (row, head, key) triples plus keys read */
 };
 
-/* The items of a split group share seq, heads and rows; each leaves its
- * partial result at partial_offset + split * rows * heads * (head_size + 2). */
+/* The items of a split group share seq, heads and rows (`shape`, an item
+ * whose keys do not matter); each leaves its partial result at
+ * partial_offset + split * rows * heads * (head_size + 2).
+ * Rows of an item or group are ordered by KV head, query row, query head. */
 typedef struct pa_split_group {
-  int32_t seq;
-  int32_t head_begin, head_end;
-  int32_t row_begin, row_end;
+  pa_plan_item shape;
   int32_t num_splits;
   size_t partial_offset; /* in floats, into the call's workspace */
 } pa_split_group;
@@ -62,6 +64,22 @@ typedef struct pa_plan_request {
   const int32_t *kv_lens;   /* [num_seqs] key count per sequence, or */
   const int32_t *kv_starts; /* [num_seqs + 1] cumulative key rows (dense K/V) */
 } pa_plan_request;
+
+/* Query rows x heads of an item (or a split group's shape). */
+static inline size_t pa_item_rows(const pa_plan_item *item) {
+  return (size_t)(item->row_end - item->row_begin) * (size_t)(item->head_end - item->head_begin);
+}
+
+/* The output row and query head of row i of an item's (or group's) rows. */
+static inline void pa_item_row_head(const pa_plan_item *item, size_t i, int32_t *row,
+                                    int32_t *head) {
+  size_t heads_per_kv =
+      (size_t)(item->head_end - item->head_begin) / (size_t)(item->kv_end - item->kv_begin);
+  size_t rows = (size_t)(item->row_end - item->row_begin);
+  size_t kv = i / (rows * heads_per_kv), within = i % (rows * heads_per_kv);
+  *row = item->row_begin + (int32_t)(within / heads_per_kv);
+  *head = item->head_begin + (int32_t)(kv * heads_per_kv + within % heads_per_kv);
+}
 
 /* (Re)builds `plan` in place; PA_ERR_OUT_OF_MEMORY names `caller`. */
 pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *request, const char *caller);

@@ -61,7 +61,8 @@ static inline uint16_t pa_f32_to_f16(float value) {
   uint32_t bits = pa_f32_bits(value);
   uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
   uint32_t abs_bits = bits & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) return sign | 0x7e00u; /* NaN stays a (quiet) NaN */
+  /* NaN stays a NaN, quieted, with the payload's top bits (as F16C does). */
+  if (abs_bits > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((abs_bits >> 13) & 0x3ffu));
   if (abs_bits == 0x7f800000u) return sign | 0x7c00u;
   uint32_t code = pa_round_to_minifloat(abs_bits, 10, 15);
   return (uint16_t)(sign | (code >= 0x7c00u ? 0x7c00u : code));

@@ -22,15 +22,26 @@ typedef void (*pa_store_row_fn)(void *dst, const float *src, size_t n, float fac
 /* dst[i] = cache_dtype(src[i] / scale) for FP8, cache_dtype(src[i]) otherwise. */
 typedef void (*pa_encode_row_fn)(void *dst, const float *src, size_t n, float scale);
 
+/* The rows a kernel should ask the memory system for while it computes: the
+ * rows the next kernel call will read. Requests spread through the compute
+ * keep DRAM busy; a burst before or after it does not. */
+typedef struct pa_prefetch {
+  const void *const *rows; /* NULL: nothing to prefetch */
+  size_t n;
+  size_t row_bytes;
+} pa_prefetch;
+
 /* S[i][j] = dot(Q[i], K[j]) for i < m, j < n over d elements. Q is f32 with
  * leading dimension ldq; K row j is k_rows[j], d elements of the table's
  * cache dtype, stored values (the caller folds FP8 scales into Q). */
 typedef void (*pa_qk_fn)(size_t m, size_t n, size_t d, const float *q, size_t ldq,
-                         const void *const *k_rows, float *s, size_t lds);
+                         const void *const *k_rows, float *s, size_t lds,
+                         const pa_prefetch *prefetch);
 
 /* O[i][:] += sum_j P[i][j] * V[j][:] for i < m, j < n over d columns. */
 typedef void (*pa_pv_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                         const void *const *v_rows, float *o, size_t ldo);
+                         const void *const *v_rows, float *o, size_t ldo,
+                         const pa_prefetch *prefetch);
 
 /* One key tile's epilogue for m query rows: turns the raw scores in S into
  * softmax weights of the online (streaming) softmax, and rescales the rows of

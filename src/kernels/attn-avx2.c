@@ -1,0 +1,238 @@
+/* Attention micro-kernels, AVX2 (f32 FMA on K/V decoded in registers): the
+ * AVX-512 design at half width, with blocks of 8 dot products (4 rows x 2
+ * keys, 2 x 4 or 1 x 8) to fit sixteen registers. */
+#include <math.h>
+
+#include "avx2-common.h"
+#include "kernels.h"
+#include "prefetch.h"
+
+typedef __m256 (*pa256_loader)(const void *, size_t);
+
+/* Lane k of the result is the sum of v[k]'s lanes. */
+PA_INLINE __m256 reduce8(const __m256 *v) {
+  __m256 pair[4], quad[2];
+  for (int i = 0; i < 4; i++) {
+    pair[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                            _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 2; i++) {
+    quad[i] = _mm256_add_ps(_mm256_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0x44),
+                            _mm256_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0xee));
+  }
+  return _mm256_add_ps(_mm256_permute2f128_ps(quad[0], quad[1], 0x20),
+                       _mm256_permute2f128_ps(quad[0], quad[1], 0x31));
+}
+
+PA_INLINE void qk_block(const int rows, const int keys, pa256_loader load, size_t elem, size_t d,
+                        const float *q, size_t ldq, const void *const *k, float *s, size_t lds,
+                        size_t keys_valid) {
+  __m256 acc[8];
+  for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+  for (size_t c = 0; c < d; c += 8) {
+    size_t count = d - c < 8 ? d - c : 8;
+    __m256 qv[4];
+    for (int r = 0; r < rows; r++) qv[r] = pa256_load_f32(q + r * ldq + c, count);
+    for (int j = 0; j < keys; j++) {
+      __m256 kv = load((const char *)k[j] + c * elem, count);
+      for (int r = 0; r < rows; r++)
+        acc[r * keys + j] = _mm256_fmadd_ps(qv[r], kv, acc[r * keys + j]);
+    }
+  }
+  float sums[8];
+  _mm256_storeu_ps(sums, reduce8(acc));
+  for (int r = 0; r < rows; r++) {
+    for (size_t j = 0; j < keys_valid; j++) s[r * lds + j] = sums[r * keys + (int)j];
+  }
+}
+
+PA_INLINE void qk_rows(const int rows, pa256_loader load, size_t elem, size_t n, size_t d,
+                       const float *q, size_t ldq, const void *const *k_rows, float *s, size_t lds,
+                       const pa_prefetch *prefetch) {
+  const int keys = 8 / rows;
+  for (size_t j = 0; j < n; j += (size_t)keys) {
+    size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
+    pa_prefetch_step(prefetch, j, (size_t)keys, n);
+    const void *k[8];
+    for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
+    qk_block(rows, keys, load, elem, d, q, ldq, k, s + j, lds, valid);
+  }
+}
+
+PA_INLINE void qk(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, const float *q,
+                  size_t ldq, const void *const *k_rows, float *s, size_t lds,
+                  const pa_prefetch *prefetch) {
+  size_t i = 0;
+  for (; i + 4 <= m; i += 4)
+    qk_rows(4, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
+            i == 0 ? prefetch : NULL);
+  for (; i + 2 <= m; i += 2)
+    qk_rows(2, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
+            i == 0 ? prefetch : NULL);
+  for (; i < m; i++)
+    qk_rows(1, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
+            i == 0 ? prefetch : NULL);
+}
+
+/* O[0..rows)[c0 .. c0 + 8 chunks) += P V; partial chunks go through a copy. */
+PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, size_t elem, size_t n,
+                        size_t c0, size_t d, const float *p, size_t ldp, const void *const *v_rows,
+                        float *o, size_t ldo, const pa_prefetch *prefetch) {
+  size_t count[4];
+  __m256 acc[8];
+  for (int c = 0; c < chunks; c++) {
+    size_t col = c0 + 8 * (size_t)c;
+    count[c] = col >= d ? 0 : (d - col < 8 ? d - col : 8);
+    for (int r = 0; r < rows; r++) {
+      acc[r * chunks + c] =
+          count[c] ? pa256_load_f32(o + r * ldo + col, count[c]) : _mm256_setzero_ps();
+    }
+  }
+  for (size_t j = 0; j < n; j++) {
+    pa_prefetch_step(prefetch, j, 1, n);
+    __m256 vv[4];
+    const char *v = (const char *)v_rows[j] + c0 * elem;
+    for (int c = 0; c < chunks; c++) {
+      vv[c] = count[c] ? load(v + 8 * (size_t)c * elem, count[c]) : _mm256_setzero_ps();
+    }
+    for (int r = 0; r < rows; r++) {
+      __m256 weight = _mm256_set1_ps(p[r * ldp + j]);
+      for (int c = 0; c < chunks; c++)
+        acc[r * chunks + c] = _mm256_fmadd_ps(weight, vv[c], acc[r * chunks + c]);
+    }
+  }
+  for (int c = 0; c < chunks; c++) {
+    size_t col = c0 + 8 * (size_t)c;
+    for (int r = 0; r < rows && count[c]; r++) {
+      float lanes[8];
+      _mm256_storeu_ps(lanes, acc[r * chunks + c]);
+      memcpy(o + r * ldo + col, lanes, count[c] * sizeof(float));
+    }
+  }
+}
+
+PA_INLINE void pv(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
+                  size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                  const pa_prefetch *prefetch) {
+  size_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    for (size_t c0 = 0; c0 < d; c0 += 16)
+      pv_block(4, 2, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
+               i == 0 && c0 == 0 ? prefetch : NULL);
+  }
+  for (; i + 2 <= m; i += 2) {
+    for (size_t c0 = 0; c0 < d; c0 += 32)
+      pv_block(2, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
+               i == 0 && c0 == 0 ? prefetch : NULL);
+  }
+  for (; i < m; i++) {
+    for (size_t c0 = 0; c0 < d; c0 += 32)
+      pv_block(1, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
+               i == 0 && c0 == 0 ? prefetch : NULL);
+  }
+}
+
+#define PA_DEFINE_QK_PV(suffix, loader, elem)                                       \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const float *q, size_t ldq, \
+                          const void *const *k_rows, float *s, size_t lds,          \
+                          const pa_prefetch *prefetch) {                            \
+    qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                    \
+  }                                                                                 \
+  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp, \
+                          const void *const *v_rows, float *o, size_t ldo,          \
+                          const pa_prefetch *prefetch) {                            \
+    pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, prefetch);                    \
+  }
+
+PA_DEFINE_QK_PV(f32, pa256_load_f32, 4)
+PA_DEFINE_QK_PV(f16, pa256_load_f16, 2)
+PA_DEFINE_QK_PV(bf16, pa256_load_bf16, 2)
+PA_DEFINE_QK_PV(e4m3, pa256_load_e4m3, 1)
+PA_DEFINE_QK_PV(e5m2, pa256_load_e5m2, 1)
+
+PA_INLINE float reduce_add(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+PA_INLINE float reduce_max(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, size_t ldo,
+                    size_t d) {
+  const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+  const float cap = t->soft_cap;
+  /* Rows are processed in 8-column vectors; the tile is padded to 8 in a copy. */
+  for (size_t i = 0; i < t->m; i++) {
+    float *row = s + i * lds;
+    int64_t lo = 0, hi = (int64_t)t->n;
+    if (t->key_lo) {
+      lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
+      hi = PA_MIN((int64_t)t->key_hi[i] - t->first_key, (int64_t)t->n);
+    }
+    __m256 lo_v = _mm256_set1_ps((float)lo), hi_v = _mm256_set1_ps((float)hi);
+    __m256 vmax = minus_inf;
+    for (size_t j = 0; j < t->n; j += 8) {
+      size_t count = t->n - j < 8 ? t->n - j : 8;
+      __m256 column = _mm256_add_ps(iota, _mm256_set1_ps((float)j));
+      __m256 visible = _mm256_and_ps(_mm256_cmp_ps(column, lo_v, _CMP_GE_OQ),
+                                     _mm256_cmp_ps(column, hi_v, _CMP_LT_OQ));
+      __m256 x = pa256_load_f32(row + j, count);
+      if (cap > 0.0f)
+        x = _mm256_mul_ps(_mm256_set1_ps(cap),
+                          pa256_tanh(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))));
+      if (t->alibi) {
+        float distance = (float)(t->first_key - t->position[i]);
+        x = _mm256_fmadd_ps(_mm256_set1_ps(t->alibi[i]),
+                            _mm256_add_ps(column, _mm256_set1_ps(distance)), x);
+      }
+      x = _mm256_blendv_ps(minus_inf, x, visible);
+      float lanes[8];
+      _mm256_storeu_ps(lanes, x);
+      memcpy(row + j, lanes, count * sizeof(float));
+      vmax = _mm256_max_ps(vmax, x);
+    }
+    float old_max = t->row_max[i];
+    float new_max = fmaxf(old_max, reduce_max(vmax));
+    if (new_max == -INFINITY) {
+      memset(row, 0, t->n * sizeof(float));
+      continue;
+    }
+    __m256 shift = _mm256_set1_ps(new_max), vsum = _mm256_setzero_ps();
+    for (size_t j = 0; j < t->n; j += 8) {
+      size_t count = t->n - j < 8 ? t->n - j : 8;
+      __m256 weight = pa256_exp(_mm256_sub_ps(pa256_load_f32(row + j, count), shift));
+      float lanes[8];
+      _mm256_storeu_ps(lanes, weight);
+      memset(lanes + count, 0, (8 - count) * sizeof(float));
+      memcpy(row + j, lanes, count * sizeof(float));
+      vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(lanes));
+    }
+    float correction = old_max == -INFINITY ? 0.0f : expf(old_max - new_max);
+    t->row_sum[i] = t->row_sum[i] * correction + reduce_add(vsum);
+    t->row_max[i] = new_max;
+    if (correction != 1.0f) {
+      float *oi = o + i * ldo;
+      for (size_t e = 0; e < d; e++) oi[e] *= correction;
+    }
+  }
+}
+
+void pa_attn_kernels_avx2(pa_kernels *k) {
+  k->qk[PA_F32] = qk_f32;
+  k->qk[PA_F16] = qk_f16;
+  k->qk[PA_BF16] = qk_bf16;
+  k->qk[PA_FP8_E4M3] = qk_e4m3;
+  k->qk[PA_FP8_E5M2] = qk_e5m2;
+  k->pv[PA_F32] = pv_f32;
+  k->pv[PA_F16] = pv_f16;
+  k->pv[PA_BF16] = pv_bf16;
+  k->pv[PA_FP8_E4M3] = pv_e4m3;
+  k->pv[PA_FP8_E5M2] = pv_e5m2;
+  k->softmax = softmax;
+}

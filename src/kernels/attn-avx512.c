@@ -1,0 +1,230 @@
+/* Attention micro-kernels, AVX-512 (f32 FMA on K/V decoded in registers).
+ *
+ * S = Q K^T works on register blocks of 16 dot products (4 rows x 4 keys,
+ * 2 x 8 or 1 x 16): each K chunk is decoded once per block and reused by
+ * every row, and the 16 accumulators are reduced together by a transpose
+ * tree (45 shuffles and adds instead of 16 separate horizontal sums).
+ * O += P V keeps a block of O in registers across all keys of the tile. */
+#include <math.h>
+
+#include "avx512-common.h"
+#include "kernels.h"
+#include "prefetch.h"
+
+typedef __m512 (*pa512_loader)(const void *, __mmask16);
+
+/* Sums each of v[0..15] across its lanes; lane k of the result is sum(v[k]). */
+PA_INLINE __m512 reduce16(const __m512 *v) {
+  __m512 pair[8], quad[4], oct[2];
+  for (int i = 0; i < 8; i++) {
+    pair[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                            _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; i++) {
+    quad[i] = _mm512_add_ps(_mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0x44),
+                            _mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0xee));
+  }
+  for (int i = 0; i < 2; i++) {
+    oct[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0xdd));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(oct[0], oct[1], 0x88),
+                       _mm512_shuffle_f32x4(oct[0], oct[1], 0xdd));
+}
+
+/* rows x keys = 16 dot products; q has `rows` rows, k has `keys` pointers
+ * (padded by the caller); only rows_valid x keys_valid results are stored. */
+PA_INLINE void qk_block(const int rows, const int keys, pa512_loader load, size_t elem, size_t d,
+                        const float *q, size_t ldq, const void *const *k, float *s, size_t lds,
+                        size_t keys_valid) {
+  __m512 acc[16];
+  for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+  for (size_t c = 0; c < d; c += 16) {
+    __mmask16 m = pa512_tail_mask(d - c);
+    __m512 qv[4];
+    for (int r = 0; r < rows; r++) qv[r] = _mm512_maskz_loadu_ps(m, q + r * ldq + c);
+    for (int j = 0; j < keys; j++) {
+      __m512 kv = load((const char *)k[j] + c * elem, m);
+      for (int r = 0; r < rows; r++)
+        acc[r * keys + j] = _mm512_fmadd_ps(qv[r], kv, acc[r * keys + j]);
+    }
+  }
+  float sums[16];
+  _mm512_storeu_ps(sums, reduce16(acc));
+  for (int r = 0; r < rows; r++) {
+    for (size_t j = 0; j < keys_valid; j++) s[r * lds + j] = sums[r * keys + (int)j];
+  }
+}
+
+PA_INLINE void qk_rows(const int rows, pa512_loader load, size_t elem, size_t n, size_t d,
+                       const float *q, size_t ldq, const void *const *k_rows, float *s, size_t lds,
+                       const pa_prefetch *prefetch) {
+  const int keys = 16 / rows;
+  for (size_t j = 0; j < n; j += (size_t)keys) {
+    size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
+    pa_prefetch_step(prefetch, j, (size_t)keys, n);
+    const void *k[16];
+    for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
+    qk_block(rows, keys, load, elem, d, q, ldq, k, s + j, lds, valid);
+  }
+}
+
+PA_INLINE void qk(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *q,
+                  size_t ldq, const void *const *k_rows, float *s, size_t lds,
+                  const pa_prefetch *prefetch) {
+  size_t i = 0;
+  for (; i + 4 <= m; i += 4)
+    qk_rows(4, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
+            i == 0 ? prefetch : NULL);
+  for (; i + 2 <= m; i += 2)
+    qk_rows(2, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
+            i == 0 ? prefetch : NULL);
+  for (; i < m; i++)
+    qk_rows(1, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
+            i == 0 ? prefetch : NULL);
+}
+
+/* O[0..rows)[c0 .. c0 + 16 chunks) += P V over n keys. */
+PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, size_t elem, size_t n,
+                        size_t c0, size_t d, const float *p, size_t ldp, const void *const *v_rows,
+                        float *o, size_t ldo, const pa_prefetch *prefetch) {
+  __mmask16 mask[8];
+  __m512 acc[16];
+  for (int c = 0; c < chunks; c++) {
+    size_t col = c0 + 16 * (size_t)c;
+    mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
+    for (int r = 0; r < rows; r++)
+      acc[r * chunks + c] = _mm512_maskz_loadu_ps(mask[c], o + r * ldo + col);
+  }
+  for (size_t j = 0; j < n; j++) {
+    pa_prefetch_step(prefetch, j, 1, n);
+    __m512 vv[8];
+    const char *v = (const char *)v_rows[j] + c0 * elem;
+    for (int c = 0; c < chunks; c++) vv[c] = load(v + 16 * (size_t)c * elem, mask[c]);
+    for (int r = 0; r < rows; r++) {
+      __m512 weight = _mm512_set1_ps(p[r * ldp + j]);
+      for (int c = 0; c < chunks; c++)
+        acc[r * chunks + c] = _mm512_fmadd_ps(weight, vv[c], acc[r * chunks + c]);
+    }
+  }
+  for (int c = 0; c < chunks; c++) {
+    size_t col = c0 + 16 * (size_t)c;
+    for (int r = 0; r < rows; r++)
+      _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r * chunks + c]);
+  }
+}
+
+PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
+                  size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                  const pa_prefetch *prefetch) {
+  size_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    for (size_t c0 = 0; c0 < d; c0 += 64)
+      pv_block(4, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
+               i == 0 && c0 == 0 ? prefetch : NULL);
+  }
+  for (; i + 2 <= m; i += 2) {
+    for (size_t c0 = 0; c0 < d; c0 += 128)
+      pv_block(2, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
+               i == 0 && c0 == 0 ? prefetch : NULL);
+  }
+  for (; i < m; i++) {
+    for (size_t c0 = 0; c0 < d; c0 += 128)
+      pv_block(1, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
+               i == 0 && c0 == 0 ? prefetch : NULL);
+  }
+}
+
+#define PA_DEFINE_QK_PV(suffix, loader, elem)                                       \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const float *q, size_t ldq, \
+                          const void *const *k_rows, float *s, size_t lds,          \
+                          const pa_prefetch *prefetch) {                            \
+    qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                    \
+  }                                                                                 \
+  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp, \
+                          const void *const *v_rows, float *o, size_t ldo,          \
+                          const pa_prefetch *prefetch) {                            \
+    pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, prefetch);                    \
+  }
+
+PA_DEFINE_QK_PV(f32, pa512_load_f32, 4)
+PA_DEFINE_QK_PV(f16, pa512_load_f16, 2)
+PA_DEFINE_QK_PV(bf16, pa512_load_bf16, 2)
+PA_DEFINE_QK_PV(e4m3, pa512_load_e4m3, 1)
+PA_DEFINE_QK_PV(e5m2, pa512_load_e5m2, 1)
+
+static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, size_t ldo,
+                    size_t d) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
+  const float cap = t->soft_cap;
+  for (size_t i = 0; i < t->m; i++) {
+    float *row = s + i * lds;
+    /* Visible columns: [lo, hi) of this tile. */
+    int64_t lo = 0, hi = (int64_t)t->n;
+    if (t->key_lo) {
+      lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
+      hi = PA_MIN((int64_t)t->key_hi[i] - t->first_key, (int64_t)t->n);
+    }
+    __m512 vmax = minus_inf;
+    for (size_t j = 0; j < t->n; j += 16) {
+      __mmask16 in_tile = pa512_tail_mask(t->n - j);
+      __m512 column = _mm512_add_ps(iota, _mm512_set1_ps((float)j));
+      __mmask16 visible =
+          _mm512_mask_cmp_ps_mask(in_tile, column, _mm512_set1_ps((float)lo), _CMP_GE_OQ) &
+          _mm512_cmp_ps_mask(column, _mm512_set1_ps((float)hi), _CMP_LT_OQ);
+      __m512 x = _mm512_maskz_loadu_ps(visible, row + j);
+      if (cap > 0.0f)
+        x = _mm512_mul_ps(_mm512_set1_ps(cap),
+                          pa512_tanh(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / cap))));
+      if (t->alibi) {
+        float distance = (float)(t->first_key - t->position[i]);
+        __m512 bias = _mm512_add_ps(column, _mm512_set1_ps(distance));
+        x = _mm512_fmadd_ps(_mm512_set1_ps(t->alibi[i]), bias, x);
+      }
+      x = _mm512_mask_mov_ps(minus_inf, visible, x);
+      _mm512_mask_storeu_ps(row + j, in_tile, x);
+      vmax = _mm512_max_ps(vmax, x);
+    }
+    float old_max = t->row_max[i];
+    float new_max = fmaxf(old_max, _mm512_reduce_max_ps(vmax));
+    if (new_max == -INFINITY) { /* no key seen yet: nothing to weigh */
+      for (size_t j = 0; j < t->n; j += 16)
+        _mm512_mask_storeu_ps(row + j, pa512_tail_mask(t->n - j), _mm512_setzero_ps());
+      continue;
+    }
+    __m512 shift = _mm512_set1_ps(new_max), vsum = _mm512_setzero_ps();
+    for (size_t j = 0; j < t->n; j += 16) {
+      __mmask16 in_tile = pa512_tail_mask(t->n - j);
+      __m512 weight = pa512_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(in_tile, row + j), shift));
+      weight = _mm512_maskz_mov_ps(in_tile, weight);
+      _mm512_mask_storeu_ps(row + j, in_tile, weight);
+      vsum = _mm512_add_ps(vsum, weight);
+    }
+    float correction = old_max == -INFINITY ? 0.0f : expf(old_max - new_max);
+    t->row_sum[i] = t->row_sum[i] * correction + _mm512_reduce_add_ps(vsum);
+    t->row_max[i] = new_max;
+    if (correction != 1.0f) {
+      float *oi = o + i * ldo;
+      __m512 factor = _mm512_set1_ps(correction);
+      for (size_t e = 0; e < d; e += 16) {
+        __mmask16 m = pa512_tail_mask(d - e);
+        _mm512_mask_storeu_ps(oi + e, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, oi + e), factor));
+      }
+    }
+  }
+}
+
+void pa_attn_kernels_avx512(pa_kernels *k) {
+  k->qk[PA_F32] = qk_f32;
+  k->qk[PA_F16] = qk_f16;
+  k->qk[PA_BF16] = qk_bf16;
+  k->qk[PA_FP8_E4M3] = qk_e4m3;
+  k->qk[PA_FP8_E5M2] = qk_e5m2;
+  k->pv[PA_F32] = pv_f32;
+  k->pv[PA_F16] = pv_f16;
+  k->pv[PA_BF16] = pv_bf16;
+  k->pv[PA_FP8_E4M3] = pv_e4m3;
+  k->pv[PA_FP8_E5M2] = pv_e5m2;
+  k->softmax = softmax;
+}

@@ -1,0 +1,110 @@
+/* AVX2 building blocks shared by the avx2 kernel files: loading 8 elements
+ * of any dtype as f32 (decoded in registers), rounding stores and a vector
+ * exp. AVX2 has no masked 8- or 16-bit loads, so a partial vector goes
+ * through a zero-padded copy on the stack. */
+#ifndef PA_KERNELS_AVX2_COMMON_H
+#define PA_KERNELS_AVX2_COMMON_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PA_INLINE static inline __attribute__((always_inline))
+
+/* `count` (<= 8) elements of `size` bytes from p, zero-padded to 8. */
+PA_INLINE const void *pa256_partial(const void *p, size_t count, size_t size, void *buffer) {
+  if (count >= 8) return p;
+  memset(buffer, 0, 32);
+  memcpy(buffer, p, count * size);
+  return buffer;
+}
+
+PA_INLINE __m256 pa256_load_f32(const void *p, size_t count) {
+  float buffer[8];
+  return _mm256_loadu_ps(pa256_partial(p, count, 4, buffer));
+}
+
+PA_INLINE __m256 pa256_load_bf16(const void *p, size_t count) {
+  uint16_t buffer[16];
+  __m128i raw = _mm_loadu_si128(pa256_partial(p, count, 2, buffer));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+PA_INLINE __m256 pa256_load_f16(const void *p, size_t count) {
+  uint16_t buffer[16];
+  return _mm256_cvtph_ps(_mm_loadu_si128(pa256_partial(p, count, 2, buffer)));
+}
+
+PA_INLINE __m128i pa256_load_8_bytes(const void *p, size_t count) {
+  uint8_t buffer[32];
+  return _mm_cvtepu8_epi16(_mm_loadl_epi64(pa256_partial(p, count, 1, buffer)));
+}
+
+/* E5M2 is the upper byte of an f16. */
+PA_INLINE __m256 pa256_load_e5m2(const void *p, size_t count) {
+  return _mm256_cvtph_ps(_mm_slli_epi16(pa256_load_8_bytes(p, count), 8));
+}
+
+/* E4M3's exponent and fraction, shifted left by 7, are an f16's fields for
+ * value * 2^-8 (subnormals included); S.1111.111 is NaN. */
+PA_INLINE __m256 pa256_load_e4m3(const void *p, size_t count) {
+  __m128i bytes = pa256_load_8_bytes(p, count);
+  __m128i magnitude = _mm_and_si128(bytes, _mm_set1_epi16(0x7f));
+  __m128i sign = _mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x80)), 8);
+  __m128i half = _mm_or_si128(_mm_slli_epi16(magnitude, 7), sign);
+  __m256 value = _mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_set1_ps(256.0f));
+  __m128i nan16 = _mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7f));
+  __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16));
+  return _mm256_blendv_ps(value, _mm256_set1_ps(__builtin_nanf("")), nan);
+}
+
+/* Round-to-nearest-even f32 -> bf16 on the raw bits, in the low 16 bits of
+ * each lane; NaN stays a quiet NaN. */
+PA_INLINE __m128i pa256_to_bf16(__m256 x) {
+  __m256i bits = _mm256_castps_si256(x);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  __m256i quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x400000));
+  __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  rounded = _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan));
+  __m256i halves = _mm256_srli_epi32(rounded, 16);
+  __m256i packed = _mm256_packus_epi32(halves, halves); /* per 128-bit lane */
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+/* exp(x): as the AVX-512 version, with 2^n built in the exponent field.
+ * Arguments below -87 give 0, so exp(-inf) = 0. */
+PA_INLINE __m256 pa256_exp(__m256 x) {
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f);
+  const __m256 ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+  __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+  __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, ln2_hi, x);
+  r = _mm256_fnmadd_ps(n, ln2_lo, r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  __m256i exponent =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+  return _mm256_andnot_ps(underflow, result);
+}
+
+/* tanh(x) = 1 - 2 / (e^(2x) + 1). */
+PA_INLINE __m256 pa256_tanh(__m256 x) {
+  __m256 e = pa256_exp(_mm256_add_ps(x, x));
+  __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+}
+
+#endif

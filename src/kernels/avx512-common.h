@@ -1,0 +1,100 @@
+/* AVX-512 building blocks shared by the avx512 kernel files: loading 16
+ * elements of any dtype as f32 (decoded in registers), rounding stores, and
+ * a vector exp. Only included by files compiled with the avx512 flags. */
+#ifndef PA_KERNELS_AVX512_COMMON_H
+#define PA_KERNELS_AVX512_COMMON_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define PA_INLINE static inline __attribute__((always_inline))
+
+PA_INLINE __mmask16 pa512_tail_mask(size_t count) {
+  return (__mmask16)(count >= 16 ? 0xffffu : (1u << count) - 1u);
+}
+
+/* Masked loads only for partial vectors: a masked load that misses the
+ * cache is far slower here than a plain one. */
+PA_INLINE __m256i pa512_load_16x16(const void *p, __mmask16 m) {
+  return m == 0xffff ? _mm256_loadu_si256(p) : _mm256_maskz_loadu_epi16(m, p);
+}
+
+PA_INLINE __m128i pa512_load_16x8(const void *p, __mmask16 m) {
+  return m == 0xffff ? _mm_loadu_si128(p) : _mm_maskz_loadu_epi8(m, p);
+}
+
+PA_INLINE __m512 pa512_load_f32(const void *p, __mmask16 m) {
+  return m == 0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+}
+
+/* bf16 is the upper half of an f32. */
+PA_INLINE __m512 pa512_load_bf16(const void *p, __mmask16 m) {
+  __m512i wide = _mm512_cvtepu16_epi32(pa512_load_16x16(p, m));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+PA_INLINE __m512 pa512_load_f16(const void *p, __mmask16 m) {
+  return _mm512_cvtph_ps(pa512_load_16x16(p, m));
+}
+
+/* E5M2 is the upper byte of an f16. */
+PA_INLINE __m512 pa512_load_e5m2(const void *p, __mmask16 m) {
+  __m256i half = _mm256_slli_epi16(_mm256_cvtepu8_epi16(pa512_load_16x8(p, m)), 8);
+  return _mm512_cvtph_ps(half);
+}
+
+/* E4M3's exponent and fraction, shifted left by 7, are an f16's fields for
+ * value * 2^-8 (subnormals included); S.1111.111 is NaN. */
+PA_INLINE __m512 pa512_load_e4m3(const void *p, __mmask16 m) {
+  __m256i bytes = _mm256_cvtepu8_epi16(pa512_load_16x8(p, m));
+  __m256i magnitude = _mm256_and_si256(bytes, _mm256_set1_epi16(0x7f));
+  __m256i sign = _mm256_slli_epi16(_mm256_and_si256(bytes, _mm256_set1_epi16(0x80)), 8);
+  __m256i half = _mm256_or_si256(_mm256_slli_epi16(magnitude, 7), sign);
+  __m512 value = _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0f));
+  __mmask16 nan = _mm256_cmpeq_epi16_mask(magnitude, _mm256_set1_epi16(0x7f));
+  return _mm512_mask_mov_ps(value, nan, _mm512_set1_ps(__builtin_nanf("")));
+}
+
+/* Round-to-nearest-even f32 -> bf16 on the raw bits; NaN stays a quiet NaN.
+ * (vcvtneps2bf16 would flush subnormals, which the scalar path keeps.) */
+PA_INLINE __m256i pa512_to_bf16(__m512 x) {
+  __m512i bits = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  __m512i quiet = _mm512_or_si512(bits, _mm512_set1_epi32(0x400000));
+  rounded = _mm512_mask_mov_epi32(rounded, nan, quiet);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+/* exp(x) to about 1 ulp: x = n ln2 + r with |r| <= ln2/2, Cephes' degree-7
+ * polynomial for e^r, and vscalefps for the 2^n (which saturates to 0 and
+ * inf cleanly, and keeps exp(-inf) = 0). */
+PA_INLINE __m512 pa512_exp(__m512 x) {
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
+  const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f)); /* below: e^x is 0 in f32 anyway */
+  x = _mm512_min_ps(x, _mm512_set1_ps(89.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
+  r = _mm512_fnmadd_ps(n, ln2_lo, r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+/* tanh(x) = 1 - 2 / (e^(2x) + 1): saturates cleanly at both ends. */
+PA_INLINE __m512 pa512_tanh(__m512 x) {
+  __m512 e = pa512_exp(_mm512_add_ps(x, x));
+  __m512 one = _mm512_set1_ps(1.0f);
+  return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+}
+
+#endif

@@ -1,0 +1,61 @@
+/* Row conversions, AVX2: f16 through F16C, bf16 by shifts. FP8 encoding
+ * keeps the scalar kernel: it runs once per token written, not per read. */
+#include "avx2-common.h"
+#include "kernels.h"
+
+#define PA_DEFINE_LOAD_ROW(name, elem_t, load)                                               \
+  static void name(float *dst, const void *src, size_t n, float factor) {                    \
+    const elem_t *in = src;                                                                  \
+    __m256 f = _mm256_set1_ps(factor);                                                       \
+    size_t i = 0;                                                                            \
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(load(in + i, 8), f)); \
+    if (i < n) {                                                                             \
+      float tail[8];                                                                         \
+      _mm256_storeu_ps(tail, _mm256_mul_ps(load(in + i, n - i), f));                         \
+      memcpy(dst + i, tail, (n - i) * sizeof(float));                                        \
+    }                                                                                        \
+  }
+
+PA_DEFINE_LOAD_ROW(load_f32, float, pa256_load_f32)
+PA_DEFINE_LOAD_ROW(load_f16, uint16_t, pa256_load_f16)
+PA_DEFINE_LOAD_ROW(load_bf16, uint16_t, pa256_load_bf16)
+
+/* Each writes 8 converted lanes to a 32-byte buffer. */
+PA_INLINE void pack_f32(void *out, __m256 x) { _mm256_storeu_ps(out, x); }
+PA_INLINE void pack_f16(void *out, __m256 x) {
+  _mm_storeu_si128(out, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+PA_INLINE void pack_bf16(void *out, __m256 x) { _mm_storeu_si128(out, pa256_to_bf16(x)); }
+
+#define PA_DEFINE_STORE_ROW(name, elem_t, pack)                                           \
+  static void name(void *dst, const float *src, size_t n, float factor) {                 \
+    elem_t *out = dst;                                                                    \
+    __m256 f = _mm256_set1_ps(factor);                                                    \
+    size_t i = 0;                                                                         \
+    for (; i + 8 <= n; i += 8) pack(out + i, _mm256_mul_ps(_mm256_loadu_ps(src + i), f)); \
+    if (i < n) {                                                                          \
+      elem_t packed[8];                                                                   \
+      pack(packed, _mm256_mul_ps(pa256_load_f32(src + i, n - i), f));                     \
+      memcpy(out + i, packed, (n - i) * sizeof(elem_t));                                  \
+    }                                                                                     \
+  }                                                                                       \
+  static void name##_encode(void *dst, const float *src, size_t n, float scale) {         \
+    (void)scale;                                                                          \
+    name(dst, src, n, 1.0f);                                                              \
+  }
+
+PA_DEFINE_STORE_ROW(store_f32, float, pack_f32)
+PA_DEFINE_STORE_ROW(store_f16, uint16_t, pack_f16)
+PA_DEFINE_STORE_ROW(store_bf16, uint16_t, pack_bf16)
+
+void pa_convert_kernels_avx2(pa_kernels *k) {
+  k->load_row[PA_F32] = load_f32;
+  k->load_row[PA_F16] = load_f16;
+  k->load_row[PA_BF16] = load_bf16;
+  k->store_row[PA_F32] = store_f32;
+  k->store_row[PA_F16] = store_f16;
+  k->store_row[PA_BF16] = store_bf16;
+  k->encode_row[PA_F32] = store_f32_encode;
+  k->encode_row[PA_F16] = store_f16_encode;
+  k->encode_row[PA_BF16] = store_bf16_encode;
+}
