@@ -61,8 +61,13 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
   if (lse) *lse = row_max + logf(total);
 }
 
+/* Items with at least this many rows per KV head pack each K/V tile once
+ * for all of them; fewer rows read the cache rows directly. */
+enum { PA_PACKED_MIN_ROWS = 16 };
+
 typedef struct pa_item_scratch {
-  float *q, *o, *s, *row_max, *row_sum, *alibi;
+  void *q, *k_packed, *v_packed;
+  float *o, *s, *row_max, *row_sum, *alibi;
   int32_t *position, *key_lo, *key_hi;
   const void **k_rows, **v_rows;
   float *merge;
@@ -73,7 +78,9 @@ static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
   pa_scratch_layout l =
       pa_scratch_layout_for(c->plan->max_rows, c->layer->head_size, c->plan->key_tile);
   pa_item_scratch s = {
-      (float *)(base + l.q),
+      base + l.q,
+      base + l.k_packed,
+      base + l.v_packed,
       (float *)(base + l.o),
       (float *)(base + l.s),
       (float *)(base + l.row_max),
@@ -113,7 +120,7 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
       *hi = PA_MAX(*hi, key_hi);
     }
     const char *src = c->query + (q_start + r) * c->query_row_bytes + (size_t)h * d * act_size;
-    c->kernels->load_row[layer->dtype](s->q + i * d, src, d, c->q_factor);
+    c->ops->load_q((char *)s->q + i * d * c->ops->q_size, src, d, c->q_factor);
     s->position[i] = (int32_t)(k_len - q_len + r);
     s->key_lo[i] = (int32_t)key_lo;
     s->key_hi[i] = (int32_t)key_hi;
@@ -134,6 +141,7 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   int64_t lo, hi;
   size_t m = load_queries(c, item, &s, &lo, &hi);
   size_t kv_count = (size_t)(item->kv_end - item->kv_begin), m_kv = m / kv_count;
+  int packed = m_kv >= PA_PACKED_MIN_ROWS;
   memset(s.o, 0, m * d * sizeof(float));
   for (size_t i = 0; i < m; i++) {
     s.row_max[i] = -INFINITY;
@@ -178,12 +186,20 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
         v_next = (pa_prefetch){v_rows[b], n, (size_t)row_bytes};
       }
       size_t r0 = kv * m_kv;
-      float *q = s.q + r0 * d, *o = s.o + r0 * d, *scores = s.s + r0 * tile;
-      k->qk[c->kv.dtype](m_kv, n, d, q, d, k_tile, scores, tile, &k_next);
+      const char *q = (const char *)s.q + r0 * d * c->ops->q_size;
+      float *o = s.o + r0 * d, *scores = s.s + r0 * tile;
+      if (packed) {
+        c->ops->pack_k(s.k_packed, k_tile, n, d);
+        c->ops->pack_v(s.v_packed, v_tile, n, d);
+        c->ops->qk_packed(m_kv, n, d, q, d, s.k_packed, scores, tile);
+      } else {
+        c->ops->qk(m_kv, n, d, q, d, k_tile, scores, tile, &k_next);
+      }
       pa_softmax_tile t = {
           .m = m_kv,
           .n = n,
           .first_key = first,
+          .score_scale = c->ops->scale_scores ? c->q_factor : 1.0f,
           .soft_cap = layer->soft_cap,
           .alibi = layer->alibi ? s.alibi + r0 : NULL,
           .position = s.position + r0,
@@ -193,7 +209,11 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
           .row_sum = s.row_sum + r0,
       };
       k->softmax(&t, scores, tile, o, d, d);
-      k->pv[c->kv.dtype](m_kv, n, d, scores, tile, v_tile, o, d, &v_next);
+      if (packed) {
+        c->ops->pv_packed(m_kv, n, d, scores, tile, s.v_packed, o, d);
+      } else {
+        c->ops->pv(m_kv, n, d, scores, tile, v_tile, o, d, &v_next);
+      }
       k_tile = (const void **)k_next.rows;
       v_tile = (const void **)v_next.rows;
     }

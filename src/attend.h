@@ -25,6 +25,7 @@ typedef struct pa_kv_source {
 
 typedef struct pa_attention_call {
   const pa_kernels *kernels;
+  const pa_attn_ops *ops; /* for the layer's and the K/V's dtypes */
   const pa_layer *layer;
   const pa_plan *plan;
   pa_mask mask;

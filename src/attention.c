@@ -114,6 +114,7 @@ static pa_status plan_reserve_run(pa_context *ctx, const pa_layer *layer, const 
       pa_context_reserve(ctx, plan->scratch_bytes, plan->partial_floats * sizeof(float), caller);
   if (status != PA_OK) return status;
   call->kernels = &ctx->kernels;
+  call->ops = &ctx->kernels.attn[layer->dtype][call->kv.dtype];
   call->layer = layer;
   call->plan = plan;
   call->mask = pa_layer_mask(layer);

@@ -28,6 +28,15 @@ pa_isa pa_isa_detect(void) {
   if (os_zmm && avx512f && avx512dq && avx512bw && avx512vl) return PA_ISA_AVX512;
   return PA_ISA_AVX2;
 }
+
+/* The bf16 dot products (vdpbf16ps) are an extension within the avx512
+ * family: used when present, never required. */
+static int has_avx512bf16(void) {
+  unsigned eax, ebx, ecx, edx;
+  if (pa_isa_detect() != PA_ISA_AVX512) return 0;
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return 0;
+  return (eax >> 5) & 1;
+}
 #else
 pa_isa pa_isa_detect(void) { return PA_ISA_SCALAR; }
 #endif
@@ -50,15 +59,28 @@ void pa_kernels_build(pa_isa isa, pa_kernels *kernels) {
   memset(kernels, 0, sizeof *kernels);
   pa_convert_kernels_scalar(kernels);
   pa_attn_kernels_scalar(kernels);
+  pa_prefill_kernels_scalar(kernels);
 #if defined(PA_HAVE_X86_KERNELS)
   if (isa >= PA_ISA_AVX2) {
     pa_convert_kernels_avx2(kernels);
     pa_attn_kernels_avx2(kernels);
+    pa_prefill_kernels_avx2(kernels);
   }
   if (isa >= PA_ISA_AVX512) {
     pa_convert_kernels_avx512(kernels);
     pa_attn_kernels_avx512(kernels);
+    pa_prefill_kernels_avx512(kernels);
+    if (has_avx512bf16()) pa_attn_kernels_avx512bf16(kernels);
   }
 #endif
+  for (int act = 0; act < PA_NUM_ACT_DTYPES; act++) {
+    for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
+      pa_attn_ops *ops = &kernels->attn[act][cache];
+      if (ops->qk) continue;
+      *ops = (pa_attn_ops){kernels->load_row[act], sizeof(float),      0,
+                           kernels->qk[cache],     kernels->pv[cache], kernels->pack_k[cache],
+                           kernels->pack_v[cache], kernels->qk_packed, kernels->pv_packed};
+    }
+  }
   kernels->isa = pa_isa_name(isa);
 }

@@ -1,11 +1,13 @@
 /* The planner and the public plan handle. */
 #include "plan.h"
 
+#include "kernels/kernels.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 enum {
-  PA_KEY_TILE = 64,
+  PA_KEY_TILE = PA_PACK_KEYS,
   /* Query rows x heads of a prefill item: enough rows to amortise packing a
    * K/V tile, few enough that its Q and O stay in L2. */
   PA_TARGET_ROWS = 64,
@@ -43,6 +45,8 @@ pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_til
   PA_PLACE(k_rows, 4 * n * sizeof(void *)); /* see attend_item */
   PA_PLACE(v_rows, 4 * n * sizeof(void *));
   PA_PLACE(merge, d * sizeof(float));
+  PA_PLACE(k_packed, pa_packed_bytes(d));
+  PA_PLACE(v_packed, pa_packed_bytes(d));
 #undef PA_PLACE
   l.total = at;
   return l;

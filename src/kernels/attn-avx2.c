@@ -133,7 +133,7 @@ PA_INLINE void pv(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, 
 }
 
 #define PA_DEFINE_QK_PV(suffix, loader, elem)                                       \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const float *q, size_t ldq, \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,  \
                           const void *const *k_rows, float *s, size_t lds,          \
                           const pa_prefetch *prefetch) {                            \
     qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                    \
@@ -167,6 +167,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, si
   const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
   const float cap = t->soft_cap;
+  const __m256 scale = _mm256_set1_ps(t->score_scale);
   /* Rows are processed in 8-column vectors; the tile is padded to 8 in a copy. */
   for (size_t i = 0; i < t->m; i++) {
     float *row = s + i * lds;
@@ -182,7 +183,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, si
       __m256 column = _mm256_add_ps(iota, _mm256_set1_ps((float)j));
       __m256 visible = _mm256_and_ps(_mm256_cmp_ps(column, lo_v, _CMP_GE_OQ),
                                      _mm256_cmp_ps(column, hi_v, _CMP_LT_OQ));
-      __m256 x = pa256_load_f32(row + j, count);
+      __m256 x = _mm256_mul_ps(pa256_load_f32(row + j, count), scale);
       if (cap > 0.0f)
         x = _mm256_mul_ps(_mm256_set1_ps(cap),
                           pa256_tanh(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))));

@@ -13,25 +13,6 @@
 
 typedef __m512 (*pa512_loader)(const void *, __mmask16);
 
-/* Sums each of v[0..15] across its lanes; lane k of the result is sum(v[k]). */
-PA_INLINE __m512 reduce16(const __m512 *v) {
-  __m512 pair[8], quad[4], oct[2];
-  for (int i = 0; i < 8; i++) {
-    pair[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                            _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  }
-  for (int i = 0; i < 4; i++) {
-    quad[i] = _mm512_add_ps(_mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0x44),
-                            _mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0xee));
-  }
-  for (int i = 0; i < 2; i++) {
-    oct[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0x88),
-                           _mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0xdd));
-  }
-  return _mm512_add_ps(_mm512_shuffle_f32x4(oct[0], oct[1], 0x88),
-                       _mm512_shuffle_f32x4(oct[0], oct[1], 0xdd));
-}
-
 /* rows x keys = 16 dot products; q has `rows` rows, k has `keys` pointers
  * (padded by the caller); only rows_valid x keys_valid results are stored. */
 PA_INLINE void qk_block(const int rows, const int keys, pa512_loader load, size_t elem, size_t d,
@@ -50,7 +31,7 @@ PA_INLINE void qk_block(const int rows, const int keys, pa512_loader load, size_
     }
   }
   float sums[16];
-  _mm512_storeu_ps(sums, reduce16(acc));
+  _mm512_storeu_ps(sums, pa512_reduce16(acc));
   for (int r = 0; r < rows; r++) {
     for (size_t j = 0; j < keys_valid; j++) s[r * lds + j] = sums[r * keys + (int)j];
   }
@@ -136,7 +117,7 @@ PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, 
 }
 
 #define PA_DEFINE_QK_PV(suffix, loader, elem)                                       \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const float *q, size_t ldq, \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,  \
                           const void *const *k_rows, float *s, size_t lds,          \
                           const pa_prefetch *prefetch) {                            \
     qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                    \
@@ -158,6 +139,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, si
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
   const float cap = t->soft_cap;
+  const __m512 scale = _mm512_set1_ps(t->score_scale);
   for (size_t i = 0; i < t->m; i++) {
     float *row = s + i * lds;
     /* Visible columns: [lo, hi) of this tile. */
@@ -173,7 +155,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, si
       __mmask16 visible =
           _mm512_mask_cmp_ps_mask(in_tile, column, _mm512_set1_ps((float)lo), _CMP_GE_OQ) &
           _mm512_cmp_ps_mask(column, _mm512_set1_ps((float)hi), _CMP_LT_OQ);
-      __m512 x = _mm512_maskz_loadu_ps(visible, row + j);
+      __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(visible, row + j), scale);
       if (cap > 0.0f)
         x = _mm512_mul_ps(_mm512_set1_ps(cap),
                           pa512_tanh(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / cap))));

@@ -54,7 +54,7 @@ static void pv(pa_dtype dtype, size_t m, size_t n, size_t d, const float *p, siz
 
 /* The scalar kernels leave prefetching to the hardware. */
 #define PA_DEFINE_QK_PV(suffix, dtype)                                              \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const float *q, size_t ldq, \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,  \
                           const void *const *k_rows, float *s, size_t lds,          \
                           const pa_prefetch *prefetch) {                            \
     (void)prefetch;                                                                 \
@@ -95,7 +95,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, si
     visible_columns(t, i, &lo, &hi);
     float tile_max = -INFINITY;
     for (size_t j = lo; j < hi; j++) {
-      float x = row[j];
+      float x = row[j] * t->score_scale;
       if (t->soft_cap > 0.0f) x = t->soft_cap * tanhf(x / t->soft_cap);
       if (t->alibi) x += t->alibi[i] * (float)(t->first_key + (int64_t)j - t->position[i]);
       row[j] = x;

@@ -97,4 +97,50 @@ PA_INLINE __m512 pa512_tanh(__m512 x) {
   return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
 }
 
+/* Sums each of v[0..15] across its lanes; lane k of the result is sum(v[k]).
+ * A transpose tree: 45 shuffles and adds instead of 16 horizontal sums. */
+PA_INLINE __m512 pa512_reduce16(const __m512 *v) {
+  __m512 pair[8], quad[4], oct[2];
+  for (int i = 0; i < 8; i++) {
+    pair[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                            _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; i++) {
+    quad[i] = _mm512_add_ps(_mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0x44),
+                            _mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0xee));
+  }
+  for (int i = 0; i < 2; i++) {
+    oct[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0xdd));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(oct[0], oct[1], 0x88),
+                       _mm512_shuffle_f32x4(oct[0], oct[1], 0xdd));
+}
+
+/* Transposes a 16 x 16 block of 32-bit elements held as 16 row vectors. */
+PA_INLINE void pa512_transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+    u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  /* u[4b + c] holds columns c, c+4, c+8, c+12 of rows 4b..4b+3, one per lane. */
+  for (int c = 0; c < 4; c++) {
+    __m512 a0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);      /* cols c, c+8: rows 0-7 */
+    __m512 a1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);      /* cols c+4, c+12 */
+    __m512 b0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88); /* rows 8-15 */
+    __m512 b1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+    r[c] = _mm512_shuffle_f32x4(a0, b0, 0x88);
+    r[c + 8] = _mm512_shuffle_f32x4(a0, b0, 0xdd);
+    r[c + 4] = _mm512_shuffle_f32x4(a1, b1, 0x88);
+    r[c + 12] = _mm512_shuffle_f32x4(a1, b1, 0xdd);
+  }
+}
+
 #endif

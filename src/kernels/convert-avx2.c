@@ -4,7 +4,8 @@
 #include "kernels.h"
 
 #define PA_DEFINE_LOAD_ROW(name, elem_t, load)                                               \
-  static void name(float *dst, const void *src, size_t n, float factor) {                    \
+  static void name(void *out, const void *src, size_t n, float factor) {                     \
+    float *dst = out;                                                                        \
     const elem_t *in = src;                                                                  \
     __m256 f = _mm256_set1_ps(factor);                                                       \
     size_t i = 0;                                                                            \

@@ -4,7 +4,8 @@
 #include "kernels.h"
 
 #define PA_DEFINE_LOAD_ROW(name, elem_t, load)                              \
-  static void name(float *dst, const void *src, size_t n, float factor) {   \
+  static void name(void *out, const void *src, size_t n, float factor) {    \
+    float *dst = out;                                                       \
     const elem_t *in = src;                                                 \
     __m512 f = _mm512_set1_ps(factor);                                      \
     for (size_t i = 0; i < n; i += 16) {                                    \

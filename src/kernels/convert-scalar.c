@@ -2,17 +2,20 @@
 #include "codecs.h"
 #include "kernels.h"
 
-static void load_f32(float *dst, const void *src, size_t n, float factor) {
+static void load_f32(void *out, const void *src, size_t n, float factor) {
+  float *dst = out;
   const float *in = src;
   for (size_t i = 0; i < n; i++) dst[i] = in[i] * factor;
 }
 
-static void load_f16(float *dst, const void *src, size_t n, float factor) {
+static void load_f16(void *out, const void *src, size_t n, float factor) {
+  float *dst = out;
   const uint16_t *in = src;
   for (size_t i = 0; i < n; i++) dst[i] = pa_f16_to_f32(in[i]) * factor;
 }
 
-static void load_bf16(float *dst, const void *src, size_t n, float factor) {
+static void load_bf16(void *out, const void *src, size_t n, float factor) {
+  float *dst = out;
   const uint16_t *in = src;
   for (size_t i = 0; i < n; i++) dst[i] = pa_bf16_to_f32(in[i]) * factor;
 }

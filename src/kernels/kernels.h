@@ -15,8 +15,8 @@
 
 #include "../common.h"
 
-/* dst[i] = float(src[i]) * factor, src of an activation dtype. */
-typedef void (*pa_load_row_fn)(float *dst, const void *src, size_t n, float factor);
+/* dst[i] = float(src[i]) * factor: f32 out, src of an activation dtype. */
+typedef void (*pa_load_row_fn)(void *dst, const void *src, size_t n, float factor);
 /* dst[i] = dtype(src[i] * factor), rounded to nearest even. */
 typedef void (*pa_store_row_fn)(void *dst, const float *src, size_t n, float factor);
 /* dst[i] = cache_dtype(src[i] / scale) for FP8, cache_dtype(src[i]) otherwise. */
@@ -31,10 +31,11 @@ typedef struct pa_prefetch {
   size_t row_bytes;
 } pa_prefetch;
 
-/* S[i][j] = dot(Q[i], K[j]) for i < m, j < n over d elements. Q is f32 with
- * leading dimension ldq; K row j is k_rows[j], d elements of the table's
- * cache dtype, stored values (the caller folds FP8 scales into Q). */
-typedef void (*pa_qk_fn)(size_t m, size_t n, size_t d, const float *q, size_t ldq,
+/* S[i][j] = dot(Q[i], K[j]) for i < m, j < n over d elements. Q has leading
+ * dimension ldq and the element type its pa_attn_ops loads (f32 for the
+ * qk[] entries); K row j is k_rows[j], d elements of the cache dtype, stored
+ * values (the FP8 scale is folded into the score factor). */
+typedef void (*pa_qk_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                          const void *const *k_rows, float *s, size_t lds,
                          const pa_prefetch *prefetch);
 
@@ -49,6 +50,7 @@ typedef void (*pa_pv_fn)(size_t m, size_t n, size_t d, const float *p, size_t ld
 typedef struct pa_softmax_tile {
   size_t m, n;
   int64_t first_key;
+  float score_scale;       /* raw scores are multiplied by this first */
   float soft_cap;          /* 0: none */
   const float *alibi;      /* [m] slope per row, or NULL */
   const int32_t *position; /* [m] query position per row (for ALiBi) */
@@ -61,6 +63,47 @@ typedef struct pa_softmax_tile {
 typedef void (*pa_softmax_fn)(const pa_softmax_tile *tile, float *s, size_t lds, float *o,
                               size_t ldo, size_t d);
 
+/* Packed tiles, for many query rows at once (prefill): a tile of up to
+ * PA_PACK_KEYS keys is packed once into the micro-kernels' layout and then
+ * used by every row. Layouts (ldv = d rounded up to 16, zero padding):
+ *   f32 K:  kt[e * PA_PACK_KEYS + j] = k_j[e]          (e < d; j >= n: 0)
+ *   f32 V:  v[j * ldv + e] = v_j[e]                    (j < n)
+ *   bf16 K: pairs kt[(e / 2) * PA_PACK_KEYS + j] = (k_j[e], k_j[e + 1])
+ *   bf16 V: pairs v[(j / 2) * ldv + e] = (v_j[e], v_{j+1}[e]) (v_n = 0)
+ * Either fits in pa_packed_bytes(d). */
+enum { PA_PACK_KEYS = 64 };
+
+static inline size_t pa_packed_bytes(size_t d) {
+  return (size_t)PA_PACK_KEYS * ((d + 31) / 32 * 32) * sizeof(float);
+}
+
+/* Packs rows[0..n) (n <= PA_PACK_KEYS rows of d cache-dtype elements). */
+typedef void (*pa_pack_fn)(void *dst, const void *const *rows, size_t n, size_t d);
+/* S[i][j] = dot(Q[i], K[j]) over a packed K tile (all PA_PACK_KEYS columns
+ * of S are written; those past n hold zeros' dot products). */
+typedef void (*pa_qk_packed_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                                const void *k_packed, float *s, size_t lds);
+/* O[i][:] += sum_j P[i][j] V[j][:] over a packed V tile. */
+typedef void (*pa_pv_packed_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                const void *v_packed, float *o, size_t ldo);
+
+/* The kernels attention runs for one (activation, cache) dtype pair. Q is
+ * loaded by load_q into q_size-byte elements: f32 already multiplied by the
+ * score factor (scale_scores 0), or kept as it is with the factor applied to
+ * the scores by the softmax (scale_scores 1), for dot-product instructions
+ * that take narrow inputs. */
+typedef struct pa_attn_ops {
+  pa_load_row_fn load_q;
+  size_t q_size;
+  int scale_scores;
+  pa_qk_fn qk; /* direct: few rows (decode) */
+  pa_pv_fn pv;
+  pa_pack_fn pack_k; /* packed: many rows (prefill) */
+  pa_pack_fn pack_v;
+  pa_qk_packed_fn qk_packed;
+  pa_pv_packed_fn pv_packed;
+} pa_attn_ops;
+
 typedef struct pa_kernels {
   const char *isa;
   pa_load_row_fn load_row[PA_NUM_ACT_DTYPES];   /* by activation dtype */
@@ -69,16 +112,27 @@ typedef struct pa_kernels {
   pa_qk_fn qk[PA_NUM_DTYPES];                   /* by K dtype */
   pa_pv_fn pv[PA_NUM_DTYPES];                   /* by V dtype */
   pa_softmax_fn softmax;
+  pa_pack_fn pack_k[PA_NUM_DTYPES]; /* f32 layouts, by cache dtype */
+  pa_pack_fn pack_v[PA_NUM_DTYPES];
+  pa_qk_packed_fn qk_packed;
+  pa_pv_packed_fn pv_packed;
+  /* By activation and cache dtype; pairs no family overrides get the f32
+   * path: load_row[act], qk[cache], pv[cache], pack_*[cache], *_packed. */
+  pa_attn_ops attn[PA_NUM_ACT_DTYPES][PA_NUM_DTYPES];
 } pa_kernels;
 
 /* Registration: each fills the entries of one operation file. */
 void pa_convert_kernels_scalar(pa_kernels *k);
 void pa_attn_kernels_scalar(pa_kernels *k);
+void pa_prefill_kernels_scalar(pa_kernels *k);
 #if defined(PA_HAVE_X86_KERNELS)
 void pa_convert_kernels_avx2(pa_kernels *k);
 void pa_attn_kernels_avx2(pa_kernels *k);
+void pa_prefill_kernels_avx2(pa_kernels *k);
 void pa_convert_kernels_avx512(pa_kernels *k);
 void pa_attn_kernels_avx512(pa_kernels *k);
+void pa_prefill_kernels_avx512(pa_kernels *k);
+void pa_attn_kernels_avx512bf16(pa_kernels *k);
 #endif
 
 #endif

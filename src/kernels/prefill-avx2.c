@@ -1,0 +1,166 @@
+/* Packed-tile micro-kernels for prefill, AVX2 f32: the AVX-512 design with
+ * 8-wide vectors, 8 x 8 transposes, and blocks of 2 rows x 32 keys (or
+ * columns) to fit sixteen registers. */
+#include "avx2-common.h"
+#include "kernels.h"
+
+typedef __m256 (*pa256_loader)(const void *, size_t);
+
+PA_INLINE void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  /* u[4b + c] holds columns c and c+4 of rows 4b..4b+3. */
+  for (int c = 0; c < 4; c++) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+PA_INLINE void pack_k(pa256_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
+                      size_t d) {
+  float *kt = dst;
+  for (size_t j0 = 0; j0 < PA_PACK_KEYS; j0 += 8) {
+    for (size_t e0 = 0; e0 < d; e0 += 8) {
+      size_t count = d - e0 < 8 ? d - e0 : 8;
+      __m256 block[8];
+      for (size_t j = 0; j < 8; j++) {
+        block[j] =
+            j0 + j < n ? load((const char *)rows[j0 + j] + e0 * elem, count) : _mm256_setzero_ps();
+      }
+      transpose8(block);
+      for (size_t e = 0; e < count; e++) {
+        _mm256_storeu_ps(kt + (e0 + e) * PA_PACK_KEYS + j0, block[e]);
+      }
+    }
+  }
+}
+
+PA_INLINE void pack_v(pa256_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
+                      size_t d) {
+  float *v = dst;
+  size_t ldv = (d + 15) / 16 * 16;
+  for (size_t j = 0; j < n; j++) {
+    for (size_t e = 0; e < ldv; e += 8) {
+      __m256 x = e < d ? load((const char *)rows[j] + e * elem, d - e) : _mm256_setzero_ps();
+      _mm256_storeu_ps(v + j * ldv + e, x);
+    }
+  }
+}
+
+#define PA_DEFINE_PACK(suffix, loader, elem)                                            \
+  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_k(loader, elem, dst, rows, n, d);                                              \
+  }                                                                                     \
+  static void pack_v_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_v(loader, elem, dst, rows, n, d);                                              \
+  }
+
+PA_DEFINE_PACK(f32, pa256_load_f32, 4)
+PA_DEFINE_PACK(f16, pa256_load_f16, 2)
+PA_DEFINE_PACK(bf16, pa256_load_bf16, 2)
+PA_DEFINE_PACK(e4m3, pa256_load_e4m3, 1)
+PA_DEFINE_PACK(e5m2, pa256_load_e5m2, 1)
+
+/* rows x 32 scores starting at key k0. */
+PA_INLINE void qk_block(const int rows, size_t d, const float *q, size_t ldq, const float *kt,
+                        float *s, size_t lds) {
+  __m256 acc[2][4];
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < 4; c++) acc[r][c] = _mm256_setzero_ps();
+  }
+  for (size_t e = 0; e < d; e++) {
+    const float *k = kt + e * PA_PACK_KEYS;
+    __m256 k0 = _mm256_loadu_ps(k), k1 = _mm256_loadu_ps(k + 8);
+    __m256 k2 = _mm256_loadu_ps(k + 16), k3 = _mm256_loadu_ps(k + 24);
+    for (int r = 0; r < rows; r++) {
+      __m256 b = _mm256_broadcast_ss(q + r * ldq + e);
+      acc[r][0] = _mm256_fmadd_ps(b, k0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(b, k1, acc[r][1]);
+      acc[r][2] = _mm256_fmadd_ps(b, k2, acc[r][2]);
+      acc[r][3] = _mm256_fmadd_ps(b, k3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < 4; c++) _mm256_storeu_ps(s + r * lds + 8 * c, acc[r][c]);
+  }
+}
+
+static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                      const void *k_packed, float *s, size_t lds) {
+  const float *q = q_rows, *kt = k_packed;
+  (void)n;
+  for (size_t k0 = 0; k0 < PA_PACK_KEYS; k0 += 32) {
+    size_t i = 0;
+    for (; i + 2 <= m; i += 2) qk_block(2, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+    for (; i < m; i++) qk_block(1, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+  }
+}
+
+/* rows x 32 columns of O from c0, over the tile's keys. The packed V rows
+ * are padded to ldv (a multiple of 16) with zeros; O's tail goes through
+ * a copy. */
+PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const float *p, size_t ldp,
+                        const float *v, size_t ldv, float *o, size_t ldo) {
+  size_t count[4];
+  __m256 acc[2][4];
+  for (int c = 0; c < 4; c++) {
+    size_t col = c0 + 8 * (size_t)c;
+    count[c] = col >= d ? 0 : (d - col < 8 ? d - col : 8);
+    for (int r = 0; r < rows; r++) {
+      acc[r][c] = count[c] ? pa256_load_f32(o + r * ldo + col, count[c]) : _mm256_setzero_ps();
+    }
+  }
+  for (size_t j = 0; j < n; j++) {
+    const float *vj = v + j * ldv + c0;
+    __m256 vv[4];
+    for (int c = 0; c < 4; c++)
+      vv[c] = count[c] ? _mm256_loadu_ps(vj + 8 * c) : _mm256_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+      __m256 b = _mm256_broadcast_ss(p + r * ldp + j);
+      for (int c = 0; c < 4; c++) acc[r][c] = _mm256_fmadd_ps(b, vv[c], acc[r][c]);
+    }
+  }
+  for (int c = 0; c < 4; c++) {
+    size_t col = c0 + 8 * (size_t)c;
+    for (int r = 0; r < rows && count[c]; r++) {
+      float lanes[8];
+      _mm256_storeu_ps(lanes, acc[r][c]);
+      memcpy(o + r * ldo + col, lanes, count[c] * sizeof(float));
+    }
+  }
+}
+
+static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                      const void *v_packed, float *o, size_t ldo) {
+  const float *v = v_packed;
+  size_t ldv = (d + 15) / 16 * 16;
+  for (size_t c0 = 0; c0 < d; c0 += 32) {
+    size_t i = 0;
+    for (; i + 2 <= m; i += 2) pv_block(2, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
+    for (; i < m; i++) pv_block(1, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
+  }
+}
+
+void pa_prefill_kernels_avx2(pa_kernels *k) {
+  k->pack_k[PA_F32] = pack_k_f32;
+  k->pack_k[PA_F16] = pack_k_f16;
+  k->pack_k[PA_BF16] = pack_k_bf16;
+  k->pack_k[PA_FP8_E4M3] = pack_k_e4m3;
+  k->pack_k[PA_FP8_E5M2] = pack_k_e5m2;
+  k->pack_v[PA_F32] = pack_v_f32;
+  k->pack_v[PA_F16] = pack_v_f16;
+  k->pack_v[PA_BF16] = pack_v_bf16;
+  k->pack_v[PA_FP8_E4M3] = pack_v_e4m3;
+  k->pack_v[PA_FP8_E5M2] = pack_v_e5m2;
+  k->qk_packed = qk_packed;
+  k->pv_packed = pv_packed;
+}

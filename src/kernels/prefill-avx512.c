@@ -1,0 +1,147 @@
+/* Packed-tile micro-kernels for prefill, AVX-512 f32 (layouts in kernels.h).
+ *
+ * Packing K transposes it 16 x 16 at a time so that S = Q K^T becomes a
+ * register-blocked outer product: 6 query rows x 64 keys of accumulators,
+ * one broadcast of q[i][e] per row and four loads of K^T per step e. O += P V
+ * is the same shape over V's columns. Each tile is packed once and used by
+ * every query row of the item. */
+#include "avx512-common.h"
+#include "kernels.h"
+
+typedef __m512 (*pa512_loader)(const void *, __mmask16);
+
+PA_INLINE void pack_k(pa512_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
+                      size_t d) {
+  float *kt = dst;
+  for (size_t j0 = 0; j0 < PA_PACK_KEYS; j0 += 16) {
+    for (size_t e0 = 0; e0 < d; e0 += 16) {
+      __mmask16 m = pa512_tail_mask(d - e0);
+      __m512 block[16];
+      for (size_t j = 0; j < 16; j++) {
+        block[j] =
+            j0 + j < n ? load((const char *)rows[j0 + j] + e0 * elem, m) : _mm512_setzero_ps();
+      }
+      pa512_transpose16(block);
+      for (size_t e = 0; e < 16 && e0 + e < d; e++)
+        _mm512_storeu_ps(kt + (e0 + e) * PA_PACK_KEYS + j0, block[e]);
+    }
+  }
+}
+
+PA_INLINE void pack_v(pa512_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
+                      size_t d) {
+  float *v = dst;
+  size_t ldv = (d + 15) / 16 * 16;
+  for (size_t j = 0; j < n; j++) {
+    for (size_t e = 0; e < d; e += 16) {
+      _mm512_storeu_ps(v + j * ldv + e,
+                       load((const char *)rows[j] + e * elem, pa512_tail_mask(d - e)));
+    }
+  }
+}
+
+#define PA_DEFINE_PACK(suffix, loader, elem)                                            \
+  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_k(loader, elem, dst, rows, n, d);                                              \
+  }                                                                                     \
+  static void pack_v_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_v(loader, elem, dst, rows, n, d);                                              \
+  }
+
+PA_DEFINE_PACK(f32, pa512_load_f32, 4)
+PA_DEFINE_PACK(f16, pa512_load_f16, 2)
+PA_DEFINE_PACK(bf16, pa512_load_bf16, 2)
+PA_DEFINE_PACK(e4m3, pa512_load_e4m3, 1)
+PA_DEFINE_PACK(e5m2, pa512_load_e5m2, 1)
+
+/* rows x 64 scores: one broadcast of q per row and four K^T loads per e. */
+PA_INLINE void qk_block(const int rows, size_t d, const float *q, size_t ldq, const float *kt,
+                        float *s, size_t lds) {
+  __m512 acc[6][4];
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (size_t e = 0; e < d; e++) {
+    const float *k = kt + e * PA_PACK_KEYS;
+    __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k + 16);
+    __m512 k2 = _mm512_loadu_ps(k + 32), k3 = _mm512_loadu_ps(k + 48);
+    for (int r = 0; r < rows; r++) {
+      __m512 b = _mm512_set1_ps(q[r * ldq + e]);
+      acc[r][0] = _mm512_fmadd_ps(b, k0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(b, k1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(b, k2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(b, k3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < 4; c++) _mm512_storeu_ps(s + r * lds + 16 * c, acc[r][c]);
+  }
+}
+
+static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                      const void *k_packed, float *s, size_t lds) {
+  const float *q = q_rows, *kt = k_packed;
+  (void)n;
+  size_t i = 0;
+  for (; i + 6 <= m; i += 6) qk_block(6, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+  for (; i + 4 <= m; i += 4) qk_block(4, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+  for (; i + 2 <= m; i += 2) qk_block(2, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+  for (; i < m; i++) qk_block(1, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+}
+
+/* rows x 64 columns of O, kept in registers over the tile's keys. */
+PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const float *p, size_t ldp,
+                        const float *v, size_t ldv, float *o, size_t ldo) {
+  __mmask16 mask[4];
+  __m512 acc[6][4];
+  for (int c = 0; c < 4; c++) {
+    size_t col = c0 + 16 * (size_t)c;
+    mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
+    for (int r = 0; r < rows; r++) acc[r][c] = _mm512_maskz_loadu_ps(mask[c], o + r * ldo + col);
+  }
+  for (size_t j = 0; j < n; j++) {
+    const float *vj = v + j * ldv + c0;
+    __m512 v0 = _mm512_maskz_loadu_ps(mask[0], vj), v1 = _mm512_maskz_loadu_ps(mask[1], vj + 16);
+    __m512 v2 = _mm512_maskz_loadu_ps(mask[2], vj + 32),
+           v3 = _mm512_maskz_loadu_ps(mask[3], vj + 48);
+    for (int r = 0; r < rows; r++) {
+      __m512 b = _mm512_set1_ps(p[r * ldp + j]);
+      acc[r][0] = _mm512_fmadd_ps(b, v0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(b, v1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(b, v2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(b, v3, acc[r][3]);
+    }
+  }
+  for (int c = 0; c < 4; c++) {
+    size_t col = c0 + 16 * (size_t)c;
+    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r][c]);
+  }
+}
+
+static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                      const void *v_packed, float *o, size_t ldo) {
+  const float *v = v_packed;
+  size_t ldv = (d + 15) / 16 * 16;
+  for (size_t c0 = 0; c0 < d; c0 += 64) {
+    size_t i = 0;
+    for (; i + 6 <= m; i += 6) pv_block(6, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
+    for (; i + 4 <= m; i += 4) pv_block(4, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
+    for (; i + 2 <= m; i += 2) pv_block(2, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
+    for (; i < m; i++) pv_block(1, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
+  }
+}
+
+void pa_prefill_kernels_avx512(pa_kernels *k) {
+  k->pack_k[PA_F32] = pack_k_f32;
+  k->pack_k[PA_F16] = pack_k_f16;
+  k->pack_k[PA_BF16] = pack_k_bf16;
+  k->pack_k[PA_FP8_E4M3] = pack_k_e4m3;
+  k->pack_k[PA_FP8_E5M2] = pack_k_e5m2;
+  k->pack_v[PA_F32] = pack_v_f32;
+  k->pack_v[PA_F16] = pack_v_f16;
+  k->pack_v[PA_BF16] = pack_v_bf16;
+  k->pack_v[PA_FP8_E4M3] = pack_v_e4m3;
+  k->pack_v[PA_FP8_E5M2] = pack_v_e5m2;
+  k->qk_packed = qk_packed;
+  k->pv_packed = pv_packed;
+}

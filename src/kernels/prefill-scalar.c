@@ -1,0 +1,89 @@
+/* Packed-tile micro-kernels for prefill, scalar: the specification of the
+ * f32 packed layouts (see kernels.h) and of S = Q K^T, O += P V over them. */
+#include "codecs.h"
+#include "kernels.h"
+
+static float decode(pa_dtype dtype, const void *row, size_t e) {
+  switch (dtype) {
+    case PA_F32: return ((const float *)row)[e];
+    case PA_F16: return pa_f16_to_f32(((const uint16_t *)row)[e]);
+    case PA_BF16: return pa_bf16_to_f32(((const uint16_t *)row)[e]);
+    case PA_FP8_E4M3: return pa_e4m3_to_f32(((const uint8_t *)row)[e]);
+    case PA_FP8_E5M2: return pa_e5m2_to_f32(((const uint8_t *)row)[e]);
+  }
+  return 0.0f;
+}
+
+static size_t v_stride(size_t d) { return (d + 15) / 16 * 16; }
+
+static void pack_k(pa_dtype dtype, void *dst, const void *const *rows, size_t n, size_t d) {
+  float *kt = dst;
+  for (size_t e = 0; e < d; e++) {
+    for (size_t j = 0; j < PA_PACK_KEYS; j++) {
+      kt[e * PA_PACK_KEYS + j] = j < n ? decode(dtype, rows[j], e) : 0.0f;
+    }
+  }
+}
+
+static void pack_v(pa_dtype dtype, void *dst, const void *const *rows, size_t n, size_t d) {
+  float *v = dst;
+  size_t ldv = v_stride(d);
+  for (size_t j = 0; j < n; j++) {
+    for (size_t e = 0; e < ldv; e++) v[j * ldv + e] = e < d ? decode(dtype, rows[j], e) : 0.0f;
+  }
+}
+
+#define PA_DEFINE_PACK(suffix, dtype)                                                   \
+  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_k(dtype, dst, rows, n, d);                                                     \
+  }                                                                                     \
+  static void pack_v_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_v(dtype, dst, rows, n, d);                                                     \
+  }
+
+PA_DEFINE_PACK(f32, PA_F32)
+PA_DEFINE_PACK(f16, PA_F16)
+PA_DEFINE_PACK(bf16, PA_BF16)
+PA_DEFINE_PACK(e4m3, PA_FP8_E4M3)
+PA_DEFINE_PACK(e5m2, PA_FP8_E5M2)
+
+static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                      const void *k_packed, float *s, size_t lds) {
+  const float *q = q_rows, *kt = k_packed;
+  (void)n;
+  for (size_t i = 0; i < m; i++) {
+    for (size_t j = 0; j < PA_PACK_KEYS; j++) {
+      float acc = 0.0f;
+      for (size_t e = 0; e < d; e++) acc += q[i * ldq + e] * kt[e * PA_PACK_KEYS + j];
+      s[i * lds + j] = acc;
+    }
+  }
+}
+
+static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                      const void *v_packed, float *o, size_t ldo) {
+  const float *v = v_packed;
+  size_t ldv = v_stride(d);
+  for (size_t i = 0; i < m; i++) {
+    for (size_t j = 0; j < n; j++) {
+      float weight = p[i * ldp + j];
+      if (weight == 0.0f) continue; /* masked keys */
+      for (size_t e = 0; e < d; e++) o[i * ldo + e] += weight * v[j * ldv + e];
+    }
+  }
+}
+
+void pa_prefill_kernels_scalar(pa_kernels *k) {
+  k->pack_k[PA_F32] = pack_k_f32;
+  k->pack_k[PA_F16] = pack_k_f16;
+  k->pack_k[PA_BF16] = pack_k_bf16;
+  k->pack_k[PA_FP8_E4M3] = pack_k_e4m3;
+  k->pack_k[PA_FP8_E5M2] = pack_k_e5m2;
+  k->pack_v[PA_F32] = pack_v_f32;
+  k->pack_v[PA_F16] = pack_v_f16;
+  k->pack_v[PA_BF16] = pack_v_bf16;
+  k->pack_v[PA_FP8_E4M3] = pack_v_e4m3;
+  k->pack_v[PA_FP8_E5M2] = pack_v_e5m2;
+  k->qk_packed = qk_packed;
+  k->pv_packed = pv_packed;
+}
