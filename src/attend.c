@@ -43,8 +43,9 @@ static char *out_row(const pa_attention_call *c, int64_t row, int32_t head) {
   return c->out + row * c->out_row_bytes + head * head_bytes;
 }
 
-/* Normalises one row's accumulator into the output (and lse). row_max is
- * -inf exactly when the row saw no key: zeros and lse = -inf. */
+/* Normalises one row's accumulator into the output (and lse). row_max (a
+ * base-2 logit, see pa_softmax_tile) is -inf exactly when the row saw no
+ * key: zeros and lse = -inf. */
 static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, const float *o,
                        float row_max, float row_sum) {
   const pa_layer *layer = c->layer;
@@ -56,9 +57,9 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
     return;
   }
   float total = row_sum;
-  if (layer->sinks) total += expf(layer->sinks[head] - row_max);
+  if (layer->sinks) total += exp2f(layer->sinks[head] * PA_LOG2E - row_max);
   c->kernels->store_row[layer->dtype](dst, o, (size_t)layer->head_size, c->v_factor / total);
-  if (lse) *lse = row_max + logf(total);
+  if (lse) *lse = row_max * PA_LN2 + logf(total);
 }
 
 /* Items with at least this many rows per KV head pack each K/V tile once
@@ -67,7 +68,7 @@ enum { PA_PACKED_MIN_ROWS = 16 };
 
 typedef struct pa_item_scratch {
   void *q, *k_packed, *v_packed;
-  float *o, *s, *row_max, *row_sum, *alibi;
+  float *o, *s, *row_max, *row_sum, *rescale, *alibi;
   int32_t *position, *key_lo, *key_hi;
   const void **k_rows, **v_rows;
   float *merge;
@@ -85,6 +86,7 @@ static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
       (float *)(base + l.s),
       (float *)(base + l.row_max),
       (float *)(base + l.row_sum),
+      (float *)(base + l.rescale),
       (float *)(base + l.alibi),
       (int32_t *)(base + l.position),
       (int32_t *)(base + l.key_lo),
@@ -207,12 +209,13 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
           .key_hi = s.key_hi + r0,
           .row_max = s.row_max + r0,
           .row_sum = s.row_sum + r0,
+          .rescale = s.rescale + r0,
       };
-      k->softmax(&t, scores, tile, o, d, d);
+      k->softmax(&t, scores, tile);
       if (packed) {
-        c->ops->pv_packed(m_kv, n, d, scores, tile, s.v_packed, o, d);
+        c->ops->pv_packed(m_kv, n, d, scores, tile, s.v_packed, o, d, s.rescale + r0);
       } else {
-        c->ops->pv(m_kv, n, d, scores, tile, v_tile, o, d, &v_next);
+        c->ops->pv(m_kv, n, d, scores, tile, v_tile, o, d, s.rescale + r0, &v_next);
       }
       k_tile = (const void **)k_next.rows;
       v_tile = (const void **)v_next.rows;
@@ -254,7 +257,7 @@ static void merge_group(const pa_attention_call *c, const pa_split_group *g, int
       for (int32_t p = 0; p < g->num_splits; p++) {
         const float *part = parts + ((size_t)p * m + i) * (d + 2);
         if (part[d] == -INFINITY) continue; /* this split saw no key of the row */
-        float weight = expf(part[d] - row_max);
+        float weight = exp2f(part[d] - row_max);
         row_sum += weight * part[d + 1];
         for (size_t e = 0; e < d; e++) acc[e] += weight * part[e];
       }

@@ -140,8 +140,9 @@ pa_status pa_paged_attention(pa_context *ctx, const pa_layer *layer, const pa_pl
   }
   if (status == PA_OK) status = check_block_tables(batch, cache, caller);
   if (status == PA_OK && plan) status = check_plan(plan, layer, batch, caller);
+  if (status != PA_OK) return status;
   int64_t rows = batch->num_seqs > 0 ? batch->query_start_loc[batch->num_seqs] : 0;
-  if (status == PA_OK) status = check_io(layer, rows, query, query_stride, out, out_stride, caller);
+  status = check_io(layer, rows, query, query_stride, out, out_stride, caller);
   if (status != PA_OK || rows == 0) return status;
 
   size_t act_size = pa_dtype_size(layer->dtype), kv_size = pa_dtype_size(cache->dtype);

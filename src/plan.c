@@ -38,6 +38,7 @@ pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_til
   PA_PLACE(s, m * n * sizeof(float));
   PA_PLACE(row_max, m * sizeof(float));
   PA_PLACE(row_sum, m * sizeof(float));
+  PA_PLACE(rescale, m * sizeof(float));
   PA_PLACE(position, m * sizeof(int32_t));
   PA_PLACE(key_lo, m * sizeof(int32_t));
   PA_PLACE(key_hi, m * sizeof(int32_t));
@@ -244,7 +245,9 @@ pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *cal
   pa_status status = make_items(plan, r, caller);
   if (status == PA_OK) status = split_long_items(plan, r, caller);
   if (status != PA_OK) return status;
-  qsort(plan->items, plan->num_items, sizeof *plan->items, by_cost_descending);
+  if (plan->num_items > 1) {
+    qsort(plan->items, plan->num_items, sizeof *plan->items, by_cost_descending);
+  }
   plan->scratch_bytes = pa_scratch_layout_for(plan->max_rows, r->head_size, plan->key_tile).total;
   return PA_OK;
 }

@@ -87,7 +87,7 @@ pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *request, const cha
 /* Per-thread scratch layout of one item, shared by the planner (for its size)
  * and the executor. */
 typedef struct pa_scratch_layout {
-  size_t q, o, s, row_max, row_sum, position, key_lo, key_hi, alibi, k_rows, v_rows, merge;
+  size_t q, o, s, row_max, row_sum, rescale, position, key_lo, key_hi, alibi, k_rows, v_rows, merge;
   size_t k_packed, v_packed;
   size_t total;
 } pa_scratch_layout;

@@ -77,15 +77,16 @@ PA_INLINE void qk(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, 
 /* O[0..rows)[c0 .. c0 + 8 chunks) += P V; partial chunks go through a copy. */
 PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, size_t elem, size_t n,
                         size_t c0, size_t d, const float *p, size_t ldp, const void *const *v_rows,
-                        float *o, size_t ldo, const pa_prefetch *prefetch) {
+                        float *o, size_t ldo, const float *rescale, const pa_prefetch *prefetch) {
   size_t count[4];
   __m256 acc[8];
   for (int c = 0; c < chunks; c++) {
     size_t col = c0 + 8 * (size_t)c;
     count[c] = col >= d ? 0 : (d - col < 8 ? d - col : 8);
     for (int r = 0; r < rows; r++) {
-      acc[r * chunks + c] =
-          count[c] ? pa256_load_f32(o + r * ldo + col, count[c]) : _mm256_setzero_ps();
+      acc[r * chunks + c] = count[c] ? _mm256_mul_ps(pa256_load_f32(o + r * ldo + col, count[c]),
+                                                     pa256_row_scale(rescale, r))
+                                     : _mm256_setzero_ps();
     }
   }
   for (size_t j = 0; j < n; j++) {
@@ -112,36 +113,36 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, siz
 }
 
 PA_INLINE void pv(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
-                  size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                  size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                   const pa_prefetch *prefetch) {
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
     for (size_t c0 = 0; c0 < d; c0 += 16)
       pv_block(4, 2, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               i == 0 && c0 == 0 ? prefetch : NULL);
+               pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL);
   }
   for (; i + 2 <= m; i += 2) {
     for (size_t c0 = 0; c0 < d; c0 += 32)
       pv_block(2, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               i == 0 && c0 == 0 ? prefetch : NULL);
+               pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL);
   }
   for (; i < m; i++) {
     for (size_t c0 = 0; c0 < d; c0 += 32)
       pv_block(1, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               i == 0 && c0 == 0 ? prefetch : NULL);
+               pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL);
   }
 }
 
-#define PA_DEFINE_QK_PV(suffix, loader, elem)                                       \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,  \
-                          const void *const *k_rows, float *s, size_t lds,          \
-                          const pa_prefetch *prefetch) {                            \
-    qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                    \
-  }                                                                                 \
-  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp, \
-                          const void *const *v_rows, float *o, size_t ldo,          \
-                          const pa_prefetch *prefetch) {                            \
-    pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, prefetch);                    \
+#define PA_DEFINE_QK_PV(suffix, loader, elem)                                                    \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
+                          const void *const *k_rows, float *s, size_t lds,                       \
+                          const pa_prefetch *prefetch) {                                         \
+    qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                 \
+  }                                                                                              \
+  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
+                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
+                          const pa_prefetch *prefetch) {                                         \
+    pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                        \
   }
 
 PA_DEFINE_QK_PV(f32, pa256_load_f32, 4)
@@ -162,65 +163,86 @@ PA_INLINE float reduce_max(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
 
-static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, size_t ldo,
-                    size_t d) {
+/* Base-2 logits of row i's visible columns written over the row (-inf
+ * elsewhere in the tile); returns their maximum. */
+PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
   const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
   const float cap = t->soft_cap;
-  const __m256 scale = _mm256_set1_ps(t->score_scale);
-  /* Rows are processed in 8-column vectors; the tile is padded to 8 in a copy. */
-  for (size_t i = 0; i < t->m; i++) {
-    float *row = s + i * lds;
-    int64_t lo = 0, hi = (int64_t)t->n;
-    if (t->key_lo) {
-      lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
-      hi = PA_MIN((int64_t)t->key_hi[i] - t->first_key, (int64_t)t->n);
-    }
-    __m256 lo_v = _mm256_set1_ps((float)lo), hi_v = _mm256_set1_ps((float)hi);
-    __m256 vmax = minus_inf;
-    for (size_t j = 0; j < t->n; j += 8) {
-      size_t count = t->n - j < 8 ? t->n - j : 8;
-      __m256 column = _mm256_add_ps(iota, _mm256_set1_ps((float)j));
-      __m256 visible = _mm256_and_ps(_mm256_cmp_ps(column, lo_v, _CMP_GE_OQ),
-                                     _mm256_cmp_ps(column, hi_v, _CMP_LT_OQ));
-      __m256 x = _mm256_mul_ps(pa256_load_f32(row + j, count), scale);
-      if (cap > 0.0f)
+  const int plain = cap == 0.0f && !t->alibi;
+  const __m256 scale = _mm256_set1_ps(plain ? t->score_scale * PA_LOG2E : t->score_scale);
+  int64_t lo = 0, hi = (int64_t)t->n;
+  if (t->key_lo) {
+    lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
+    hi = PA_MIN((int64_t)t->key_hi[i] - t->first_key, (int64_t)t->n);
+  }
+  __m256 lo_v = _mm256_set1_ps((float)lo), hi_v = _mm256_set1_ps((float)hi);
+  __m256 vmax = minus_inf;
+  for (size_t j = 0; j < t->n; j += 8) {
+    size_t count = t->n - j < 8 ? t->n - j : 8;
+    __m256 column = _mm256_add_ps(iota, _mm256_set1_ps((float)j));
+    __m256 visible = _mm256_and_ps(_mm256_cmp_ps(column, lo_v, _CMP_GE_OQ),
+                                   _mm256_cmp_ps(column, hi_v, _CMP_LT_OQ));
+    __m256 x = _mm256_mul_ps(pa256_load_f32(row + j, count), scale);
+    if (!plain) {
+      if (cap > 0.0f) {
         x = _mm256_mul_ps(_mm256_set1_ps(cap),
                           pa256_tanh(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))));
+      }
       if (t->alibi) {
         float distance = (float)(t->first_key - t->position[i]);
-        x = _mm256_fmadd_ps(_mm256_set1_ps(t->alibi[i]),
-                            _mm256_add_ps(column, _mm256_set1_ps(distance)), x);
+        __m256 bias = _mm256_add_ps(column, _mm256_set1_ps(distance));
+        x = _mm256_fmadd_ps(_mm256_set1_ps(t->alibi[i]), bias, x);
       }
-      x = _mm256_blendv_ps(minus_inf, x, visible);
-      float lanes[8];
-      _mm256_storeu_ps(lanes, x);
-      memcpy(row + j, lanes, count * sizeof(float));
-      vmax = _mm256_max_ps(vmax, x);
+      x = _mm256_mul_ps(x, _mm256_set1_ps(PA_LOG2E));
     }
-    float old_max = t->row_max[i];
-    float new_max = fmaxf(old_max, reduce_max(vmax));
-    if (new_max == -INFINITY) {
+    x = _mm256_blendv_ps(minus_inf, x, visible);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, x);
+    memcpy(row + j, lanes, count * sizeof(float));
+    vmax = _mm256_max_ps(vmax, x);
+  }
+  return reduce_max(vmax);
+}
+
+/* As the AVX-512 version: maxima, corrections 8 rows per vector, weights. */
+static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
+  float *old_max = t->rescale;
+  for (size_t i = 0; i < t->m; i++) {
+    old_max[i] = t->row_max[i];
+    t->row_max[i] = fmaxf(old_max[i], logits_row(t, i, s + i * lds));
+  }
+  for (size_t i = 0; i < t->m; i += 8) {
+    size_t count = t->m - i < 8 ? t->m - i : 8;
+    __m256 before = pa256_load_f32(old_max + i, count);
+    __m256 after = pa256_load_f32(t->row_max + i, count);
+    __m256 none = _mm256_cmp_ps(after, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    __m256 correction =
+        _mm256_blendv_ps(pa256_exp2(_mm256_sub_ps(before, after)), _mm256_set1_ps(1.0f), none);
+    __m256 sum = _mm256_mul_ps(pa256_load_f32(t->row_sum + i, count), correction);
+    float lanes[8], sums[8];
+    _mm256_storeu_ps(lanes, correction);
+    _mm256_storeu_ps(sums, sum);
+    memcpy(t->rescale + i, lanes, count * sizeof(float));
+    memcpy(t->row_sum + i, sums, count * sizeof(float));
+  }
+  for (size_t i = 0; i < t->m; i++) {
+    float *row = s + i * lds;
+    if (t->row_max[i] == -INFINITY) {
       memset(row, 0, t->n * sizeof(float));
       continue;
     }
-    __m256 shift = _mm256_set1_ps(new_max), vsum = _mm256_setzero_ps();
+    __m256 shift = _mm256_set1_ps(t->row_max[i]), vsum = _mm256_setzero_ps();
     for (size_t j = 0; j < t->n; j += 8) {
       size_t count = t->n - j < 8 ? t->n - j : 8;
-      __m256 weight = pa256_exp(_mm256_sub_ps(pa256_load_f32(row + j, count), shift));
+      __m256 weight = pa256_exp2(_mm256_sub_ps(pa256_load_f32(row + j, count), shift));
       float lanes[8];
       _mm256_storeu_ps(lanes, weight);
       memset(lanes + count, 0, (8 - count) * sizeof(float));
       memcpy(row + j, lanes, count * sizeof(float));
       vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(lanes));
     }
-    float correction = old_max == -INFINITY ? 0.0f : expf(old_max - new_max);
-    t->row_sum[i] = t->row_sum[i] * correction + reduce_add(vsum);
-    t->row_max[i] = new_max;
-    if (correction != 1.0f) {
-      float *oi = o + i * ldo;
-      for (size_t e = 0; e < d; e++) oi[e] *= correction;
-    }
+    t->row_sum[i] += reduce_add(vsum);
   }
 }
 

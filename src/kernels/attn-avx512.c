@@ -68,14 +68,15 @@ PA_INLINE void qk(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, 
 /* O[0..rows)[c0 .. c0 + 16 chunks) += P V over n keys. */
 PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, size_t elem, size_t n,
                         size_t c0, size_t d, const float *p, size_t ldp, const void *const *v_rows,
-                        float *o, size_t ldo, const pa_prefetch *prefetch) {
+                        float *o, size_t ldo, const float *rescale, const pa_prefetch *prefetch) {
   __mmask16 mask[8];
   __m512 acc[16];
   for (int c = 0; c < chunks; c++) {
     size_t col = c0 + 16 * (size_t)c;
     mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
     for (int r = 0; r < rows; r++)
-      acc[r * chunks + c] = _mm512_maskz_loadu_ps(mask[c], o + r * ldo + col);
+      acc[r * chunks + c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
+                                          pa512_row_scale(rescale, r));
   }
   for (size_t j = 0; j < n; j++) {
     pa_prefetch_step(prefetch, j, 1, n);
@@ -96,36 +97,36 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, siz
 }
 
 PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
-                  size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                  size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                   const pa_prefetch *prefetch) {
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
     for (size_t c0 = 0; c0 < d; c0 += 64)
       pv_block(4, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               i == 0 && c0 == 0 ? prefetch : NULL);
+               pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL);
   }
   for (; i + 2 <= m; i += 2) {
     for (size_t c0 = 0; c0 < d; c0 += 128)
       pv_block(2, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               i == 0 && c0 == 0 ? prefetch : NULL);
+               pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL);
   }
   for (; i < m; i++) {
     for (size_t c0 = 0; c0 < d; c0 += 128)
       pv_block(1, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               i == 0 && c0 == 0 ? prefetch : NULL);
+               pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL);
   }
 }
 
-#define PA_DEFINE_QK_PV(suffix, loader, elem)                                       \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,  \
-                          const void *const *k_rows, float *s, size_t lds,          \
-                          const pa_prefetch *prefetch) {                            \
-    qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                    \
-  }                                                                                 \
-  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp, \
-                          const void *const *v_rows, float *o, size_t ldo,          \
-                          const pa_prefetch *prefetch) {                            \
-    pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, prefetch);                    \
+#define PA_DEFINE_QK_PV(suffix, loader, elem)                                                    \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
+                          const void *const *k_rows, float *s, size_t lds,                       \
+                          const pa_prefetch *prefetch) {                                         \
+    qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                 \
+  }                                                                                              \
+  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
+                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
+                          const pa_prefetch *prefetch) {                                         \
+    pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                        \
   }
 
 PA_DEFINE_QK_PV(f32, pa512_load_f32, 4)
@@ -134,66 +135,87 @@ PA_DEFINE_QK_PV(bf16, pa512_load_bf16, 2)
 PA_DEFINE_QK_PV(e4m3, pa512_load_e4m3, 1)
 PA_DEFINE_QK_PV(e5m2, pa512_load_e5m2, 1)
 
-static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, size_t ldo,
-                    size_t d) {
+/* Base-2 logits of row i's visible columns written over the row (-inf
+ * elsewhere in the tile); returns their maximum. */
+PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
   const float cap = t->soft_cap;
-  const __m512 scale = _mm512_set1_ps(t->score_scale);
-  for (size_t i = 0; i < t->m; i++) {
-    float *row = s + i * lds;
-    /* Visible columns: [lo, hi) of this tile. */
-    int64_t lo = 0, hi = (int64_t)t->n;
+  /* Without a cap or ALiBi the natural-log scale and log2(e) fold into one. */
+  const int plain = cap == 0.0f && !t->alibi;
+  const __m512 scale = _mm512_set1_ps(plain ? t->score_scale * PA_LOG2E : t->score_scale);
+  int64_t lo = 0, hi = (int64_t)t->n;
+  if (t->key_lo) {
+    lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
+    hi = PA_MIN((int64_t)t->key_hi[i] - t->first_key, (int64_t)t->n);
+  }
+  __m512 vmax = minus_inf;
+  for (size_t j = 0; j < t->n; j += 16) {
+    __mmask16 in_tile = pa512_tail_mask(t->n - j);
+    __mmask16 visible = in_tile;
+    __m512 column = _mm512_add_ps(iota, _mm512_set1_ps((float)j));
     if (t->key_lo) {
-      lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
-      hi = PA_MIN((int64_t)t->key_hi[i] - t->first_key, (int64_t)t->n);
+      visible = _mm512_mask_cmp_ps_mask(in_tile, column, _mm512_set1_ps((float)lo), _CMP_GE_OQ) &
+                _mm512_cmp_ps_mask(column, _mm512_set1_ps((float)hi), _CMP_LT_OQ);
     }
-    __m512 vmax = minus_inf;
-    for (size_t j = 0; j < t->n; j += 16) {
-      __mmask16 in_tile = pa512_tail_mask(t->n - j);
-      __m512 column = _mm512_add_ps(iota, _mm512_set1_ps((float)j));
-      __mmask16 visible =
-          _mm512_mask_cmp_ps_mask(in_tile, column, _mm512_set1_ps((float)lo), _CMP_GE_OQ) &
-          _mm512_cmp_ps_mask(column, _mm512_set1_ps((float)hi), _CMP_LT_OQ);
-      __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(visible, row + j), scale);
-      if (cap > 0.0f)
+    __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(visible, row + j), scale);
+    if (!plain) {
+      if (cap > 0.0f) {
         x = _mm512_mul_ps(_mm512_set1_ps(cap),
                           pa512_tanh(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / cap))));
+      }
       if (t->alibi) {
         float distance = (float)(t->first_key - t->position[i]);
         __m512 bias = _mm512_add_ps(column, _mm512_set1_ps(distance));
         x = _mm512_fmadd_ps(_mm512_set1_ps(t->alibi[i]), bias, x);
       }
-      x = _mm512_mask_mov_ps(minus_inf, visible, x);
-      _mm512_mask_storeu_ps(row + j, in_tile, x);
-      vmax = _mm512_max_ps(vmax, x);
+      x = _mm512_mul_ps(x, _mm512_set1_ps(PA_LOG2E));
     }
-    float old_max = t->row_max[i];
-    float new_max = fmaxf(old_max, _mm512_reduce_max_ps(vmax));
-    if (new_max == -INFINITY) { /* no key seen yet: nothing to weigh */
-      for (size_t j = 0; j < t->n; j += 16)
+    x = _mm512_mask_mov_ps(minus_inf, visible, x);
+    _mm512_mask_storeu_ps(row + j, in_tile, x);
+    vmax = _mm512_max_ps(vmax, x);
+  }
+  return _mm512_reduce_max_ps(vmax);
+}
+
+/* Three passes: every row's maximum; every row's correction, 16 rows per
+ * vector (one exp for 16 rows rather than a scalar call per row); every
+ * row's weights and sum. */
+static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
+  float *old_max = t->rescale; /* holds the previous maxima until pass 2 */
+  for (size_t i = 0; i < t->m; i++) {
+    old_max[i] = t->row_max[i];
+    t->row_max[i] = fmaxf(old_max[i], logits_row(t, i, s + i * lds));
+  }
+  for (size_t i = 0; i < t->m; i += 16) {
+    __mmask16 m = pa512_tail_mask(t->m - i);
+    __m512 before = _mm512_maskz_loadu_ps(m, old_max + i);
+    __m512 after = _mm512_maskz_loadu_ps(m, t->row_max + i);
+    /* 2^(-inf) = 0 when the first key arrives; 1 while no key has come. */
+    __mmask16 none = _mm512_cmp_ps_mask(after, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    __m512 correction =
+        _mm512_mask_mov_ps(pa512_exp2(_mm512_sub_ps(before, after)), none, _mm512_set1_ps(1.0f));
+    _mm512_mask_storeu_ps(t->rescale + i, m, correction);
+    __m512 sum = _mm512_maskz_loadu_ps(m, t->row_sum + i);
+    _mm512_mask_storeu_ps(t->row_sum + i, m, _mm512_mul_ps(sum, correction));
+  }
+  for (size_t i = 0; i < t->m; i++) {
+    float *row = s + i * lds;
+    if (t->row_max[i] == -INFINITY) { /* no key seen yet: nothing to weigh */
+      for (size_t j = 0; j < t->n; j += 16) {
         _mm512_mask_storeu_ps(row + j, pa512_tail_mask(t->n - j), _mm512_setzero_ps());
+      }
       continue;
     }
-    __m512 shift = _mm512_set1_ps(new_max), vsum = _mm512_setzero_ps();
+    __m512 shift = _mm512_set1_ps(t->row_max[i]), vsum = _mm512_setzero_ps();
     for (size_t j = 0; j < t->n; j += 16) {
       __mmask16 in_tile = pa512_tail_mask(t->n - j);
-      __m512 weight = pa512_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(in_tile, row + j), shift));
+      __m512 weight = pa512_exp2(_mm512_sub_ps(_mm512_maskz_loadu_ps(in_tile, row + j), shift));
       weight = _mm512_maskz_mov_ps(in_tile, weight);
       _mm512_mask_storeu_ps(row + j, in_tile, weight);
       vsum = _mm512_add_ps(vsum, weight);
     }
-    float correction = old_max == -INFINITY ? 0.0f : expf(old_max - new_max);
-    t->row_sum[i] = t->row_sum[i] * correction + _mm512_reduce_add_ps(vsum);
-    t->row_max[i] = new_max;
-    if (correction != 1.0f) {
-      float *oi = o + i * ldo;
-      __m512 factor = _mm512_set1_ps(correction);
-      for (size_t e = 0; e < d; e += 16) {
-        __mmask16 m = pa512_tail_mask(d - e);
-        _mm512_mask_storeu_ps(oi + e, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, oi + e), factor));
-      }
-    }
+    t->row_sum[i] += _mm512_reduce_add_ps(vsum);
   }
 }
 

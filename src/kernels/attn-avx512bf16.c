@@ -133,8 +133,8 @@ enum { PA_PAIR_KEYS = 64 }; /* keys per P conversion */
 PA_INLINE void pv_block(const int rows, const int chunks, pa_bf16_loader load, size_t elem,
                         const pa_bf16_tables *tables, size_t n, size_t c0, size_t d,
                         const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const void *const *v_rows,
-                        float *o, size_t ldo, const pa_prefetch *prefetch, size_t prefetch_step,
-                        size_t prefetch_steps) {
+                        float *o, size_t ldo, const float *rescale, const pa_prefetch *prefetch,
+                        size_t prefetch_step, size_t prefetch_steps) {
   const __m512i to_low = _mm512_loadu_si512(pa_to_low), to_high = _mm512_loadu_si512(pa_to_high);
   __mmask32 mask[4];
   __m512 low[4][4], high[4][4];
@@ -144,8 +144,9 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa_bf16_loader load, s
     mask[c] = tail_mask32(left);
     __mmask16 m0 = pa512_tail_mask(left), m1 = pa512_tail_mask(left > 16 ? left - 16 : 0);
     for (int r = 0; r < rows; r++) {
-      __m512 o0 = _mm512_maskz_loadu_ps(m0, o + r * ldo + col);
-      __m512 o1 = _mm512_maskz_loadu_ps(m1, o + r * ldo + col + 16);
+      __m512 scale = pa512_row_scale(rescale, r);
+      __m512 o0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, o + r * ldo + col), scale);
+      __m512 o1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, o + r * ldo + col + 16), scale);
       low[r][c] = _mm512_permutex2var_ps(o0, to_low, o1);
       high[r][c] = _mm512_permutex2var_ps(o0, to_high, o1);
     }
@@ -199,7 +200,7 @@ PA_INLINE void pack_pairs(int rows, size_t n, const float *p, size_t ldp,
 
 PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_t m, size_t n,
                   size_t d, const float *p, size_t ldp, const void *const *v_rows, float *o,
-                  size_t ldo, const pa_prefetch *prefetch) {
+                  size_t ldo, const float *rescale, const pa_prefetch *prefetch) {
   pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
   uint32_t pairs[4][PA_PAIR_KEYS / 2];
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
@@ -210,36 +211,36 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
       pack_pairs(4, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 64) {
         pv_block(4, 2, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
+                 pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
       }
     }
     for (; i + 2 <= m; i += 2) {
       pack_pairs(2, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
         pv_block(2, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
+                 pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
       }
     }
     for (; i < m; i++) {
       pack_pairs(1, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
         pv_block(1, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
+                 pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
       }
     }
   }
 }
 
-#define PA_DEFINE_QK_PV(suffix, loader, elem, table)                                \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,  \
-                          const void *const *k_rows, float *s, size_t lds,          \
-                          const pa_prefetch *prefetch) {                            \
-    qk(loader, elem, table, m, n, d, q, ldq, k_rows, s, lds, prefetch);             \
-  }                                                                                 \
-  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp, \
-                          const void *const *v_rows, float *o, size_t ldo,          \
-                          const pa_prefetch *prefetch) {                            \
-    pv(loader, elem, table, m, n, d, p, ldp, v_rows, o, ldo, prefetch);             \
+#define PA_DEFINE_QK_PV(suffix, loader, elem, table)                                             \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
+                          const void *const *k_rows, float *s, size_t lds,                       \
+                          const pa_prefetch *prefetch) {                                         \
+    qk(loader, elem, table, m, n, d, q, ldq, k_rows, s, lds, prefetch);                          \
+  }                                                                                              \
+  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
+                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
+                          const pa_prefetch *prefetch) {                                         \
+    pv(loader, elem, table, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                 \
   }
 
 PA_DEFINE_QK_PV(bf16, load_bf16x32, 2, NULL)
@@ -313,11 +314,30 @@ PA_DEFINE_PACK(bf16, load_bf16x32, 2, NULL)
 PA_DEFINE_PACK(e4m3, load_fp8x32, 1, pa_e4m3_bf16)
 PA_DEFINE_PACK(e5m2, load_fp8x32, 1, pa_e5m2_bf16)
 
-/* Pair e of a bf16 row of d elements; the last pair of an odd row is padded
- * with zero rather than read past the row. */
-PA_INLINE __m512i q_pair(const uint16_t *q, size_t e, size_t d) {
-  uint32_t pair = 2 * e + 1 < d ? ((uint32_t)q[2 * e + 1] << 16) | q[2 * e] : q[2 * e];
-  return _mm512_set1_epi32((int)pair);
+/* Two adjacent bf16 as one 32-bit pair (memcpy: no aliasing or alignment
+ * assumption; it compiles to the broadcast's memory operand). */
+PA_INLINE uint32_t pair_at(const uint16_t *p) {
+  uint32_t pair;
+  memcpy(&pair, p, sizeof pair);
+  return pair;
+}
+
+/* rows x 64 scores over the pairs [0, pairs) of Q's rows (element stride
+ * ldq): one broadcast of row r's pair e, four K^T loads per step. */
+PA_INLINE void qk_packed_pairs(const int rows, size_t pairs, const uint16_t *q, size_t ldq,
+                               const uint32_t *kt, __m512 acc[6][4]) {
+  for (size_t e = 0; e < pairs; e++) {
+    const uint32_t *k = kt + e * PA_PACK_KEYS;
+    __m512i k0 = _mm512_loadu_si512(k), k1 = _mm512_loadu_si512(k + 16);
+    __m512i k2 = _mm512_loadu_si512(k + 32), k3 = _mm512_loadu_si512(k + 48);
+    for (int r = 0; r < rows; r++) {
+      __m512i b = _mm512_set1_epi32((int)pair_at(q + r * ldq + 2 * e));
+      acc[r][0] = dot(acc[r][0], b, k0);
+      acc[r][1] = dot(acc[r][1], b, k1);
+      acc[r][2] = dot(acc[r][2], b, k2);
+      acc[r][3] = dot(acc[r][3], b, k3);
+    }
+  }
 }
 
 PA_INLINE void qk_packed_block(const int rows, size_t d, const uint16_t *q, size_t ldq,
@@ -326,18 +346,14 @@ PA_INLINE void qk_packed_block(const int rows, size_t d, const uint16_t *q, size
   for (int r = 0; r < rows; r++) {
     for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
   }
-  size_t pairs = (d + 1) / 2;
-  for (size_t e = 0; e < pairs; e++) {
-    const uint32_t *k = kt + e * PA_PACK_KEYS;
-    __m512i k0 = _mm512_loadu_si512(k), k1 = _mm512_loadu_si512(k + 16);
-    __m512i k2 = _mm512_loadu_si512(k + 32), k3 = _mm512_loadu_si512(k + 48);
+  qk_packed_pairs(rows, d / 2, q, ldq, kt, acc);
+  if (d % 2) { /* an odd row's last element pairs with zero, not with what follows */
+    uint16_t last[6][2];
     for (int r = 0; r < rows; r++) {
-      __m512i b = q_pair(q + r * ldq, e, d);
-      acc[r][0] = dot(acc[r][0], b, k0);
-      acc[r][1] = dot(acc[r][1], b, k1);
-      acc[r][2] = dot(acc[r][2], b, k2);
-      acc[r][3] = dot(acc[r][3], b, k3);
+      last[r][0] = q[r * ldq + d - 1];
+      last[r][1] = 0;
     }
+    qk_packed_pairs(rows, 1, &last[0][0], 2, kt + (d / 2) * PA_PACK_KEYS, acc);
   }
   for (int r = 0; r < rows; r++) {
     for (int c = 0; c < 4; c++) _mm512_storeu_ps(s + r * lds + 16 * c, acc[r][c]);
@@ -358,13 +374,15 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
 
 PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
                                const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const uint32_t *v,
-                               size_t ldv, float *o, size_t ldo) {
+                               size_t ldv, float *o, size_t ldo, const float *rescale) {
   __mmask16 mask[4];
   __m512 acc[6][4];
   for (int c = 0; c < 4; c++) {
     size_t col = c0 + 16 * (size_t)c;
     mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
-    for (int r = 0; r < rows; r++) acc[r][c] = _mm512_maskz_loadu_ps(mask[c], o + r * ldo + col);
+    for (int r = 0; r < rows; r++)
+      acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
+                                pa512_row_scale(rescale, r));
   }
   for (size_t j = 0; j < n; j += 2) {
     const uint32_t *vj = v + (j / 2) * ldv + c0;
@@ -387,21 +405,31 @@ PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
 }
 
 PA_INLINE void pv_packed_rows(const int rows, size_t n, size_t d, const float *p, size_t ldp,
-                              const uint32_t *v, size_t ldv, float *o, size_t ldo) {
+                              const uint32_t *v, size_t ldv, float *o, size_t ldo,
+                              const float *rescale) {
   uint32_t pairs[6][PA_PAIR_KEYS / 2];
   pack_pairs(rows, n, p, ldp, pairs);
-  for (size_t c0 = 0; c0 < d; c0 += 64) pv_packed_block(rows, n, c0, d, pairs, v, ldv, o, ldo);
+  for (size_t c0 = 0; c0 < d; c0 += 64)
+    pv_packed_block(rows, n, c0, d, pairs, v, ldv, o, ldo, rescale);
 }
 
 static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo) {
+                      const void *v_packed, float *o, size_t ldo, const float *rescale) {
   const uint32_t *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
   size_t i = 0;
-  for (; i + 6 <= m; i += 6) pv_packed_rows(6, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
-  for (; i + 4 <= m; i += 4) pv_packed_rows(4, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
-  for (; i + 2 <= m; i += 2) pv_packed_rows(2, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
-  for (; i < m; i++) pv_packed_rows(1, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
+  for (; i + 6 <= m; i += 6)
+    pv_packed_rows(6, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+                   pa_rescale_from(rescale, i));
+  for (; i + 4 <= m; i += 4)
+    pv_packed_rows(4, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+                   pa_rescale_from(rescale, i));
+  for (; i + 2 <= m; i += 2)
+    pv_packed_rows(2, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+                   pa_rescale_from(rescale, i));
+  for (; i < m; i++)
+    pv_packed_rows(1, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+                   pa_rescale_from(rescale, i));
 }
 
 /* Q is used as stored: the score factor goes to the softmax. */

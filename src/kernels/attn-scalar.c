@@ -39,8 +39,9 @@ static void qk(pa_dtype dtype, size_t m, size_t n, size_t d, const float *q, siz
 }
 
 static void pv(pa_dtype dtype, size_t m, size_t n, size_t d, const float *p, size_t ldp,
-               const void *const *v_rows, float *o, size_t ldo) {
+               const void *const *v_rows, float *o, size_t ldo, const float *rescale) {
   float v[PA_MAX_HEAD_SIZE];
+  pa_rescale_rows_scalar(m, d, o, ldo, rescale);
   for (size_t j = 0; j < n; j++) {
     decode_row(dtype, v_rows[j], d, v);
     for (size_t i = 0; i < m; i++) {
@@ -53,18 +54,18 @@ static void pv(pa_dtype dtype, size_t m, size_t n, size_t d, const float *p, siz
 }
 
 /* The scalar kernels leave prefetching to the hardware. */
-#define PA_DEFINE_QK_PV(suffix, dtype)                                              \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,  \
-                          const void *const *k_rows, float *s, size_t lds,          \
-                          const pa_prefetch *prefetch) {                            \
-    (void)prefetch;                                                                 \
-    qk(dtype, m, n, d, q, ldq, k_rows, s, lds);                                     \
-  }                                                                                 \
-  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp, \
-                          const void *const *v_rows, float *o, size_t ldo,          \
-                          const pa_prefetch *prefetch) {                            \
-    (void)prefetch;                                                                 \
-    pv(dtype, m, n, d, p, ldp, v_rows, o, ldo);                                     \
+#define PA_DEFINE_QK_PV(suffix, dtype)                                                           \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
+                          const void *const *k_rows, float *s, size_t lds,                       \
+                          const pa_prefetch *prefetch) {                                         \
+    (void)prefetch;                                                                              \
+    qk(dtype, m, n, d, q, ldq, k_rows, s, lds);                                                  \
+  }                                                                                              \
+  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
+                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
+                          const pa_prefetch *prefetch) {                                         \
+    (void)prefetch;                                                                              \
+    pv(dtype, m, n, d, p, ldp, v_rows, o, ldo, rescale);                                         \
   }
 
 PA_DEFINE_QK_PV(f32, PA_F32)
@@ -87,8 +88,7 @@ static void visible_columns(const pa_softmax_tile *t, size_t i, size_t *lo, size
   *hi = (size_t)last;
 }
 
-static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, size_t ldo,
-                    size_t d) {
+static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
   for (size_t i = 0; i < t->m; i++) {
     float *row = s + i * lds;
     size_t lo, hi;
@@ -98,30 +98,28 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds, float *o, si
       float x = row[j] * t->score_scale;
       if (t->soft_cap > 0.0f) x = t->soft_cap * tanhf(x / t->soft_cap);
       if (t->alibi) x += t->alibi[i] * (float)(t->first_key + (int64_t)j - t->position[i]);
-      row[j] = x;
-      tile_max = fmaxf(tile_max, x);
+      row[j] = x * PA_LOG2E;
+      tile_max = fmaxf(tile_max, row[j]);
     }
     for (size_t j = 0; j < lo; j++) row[j] = 0.0f;
     for (size_t j = hi; j < t->n; j++) row[j] = 0.0f;
 
     float old_max = t->row_max[i];
     float new_max = fmaxf(old_max, tile_max);
+    t->rescale[i] = 1.0f;
     if (new_max == -INFINITY) { /* no key seen yet: nothing to weigh */
       for (size_t j = lo; j < hi; j++) row[j] = 0.0f;
       continue;
     }
-    float correction = expf(old_max - new_max); /* 0 when old_max is -inf */
+    float correction = exp2f(old_max - new_max); /* 0 when old_max is -inf */
     float sum = 0.0f;
     for (size_t j = lo; j < hi; j++) {
-      row[j] = expf(row[j] - new_max);
+      row[j] = exp2f(row[j] - new_max);
       sum += row[j];
     }
     t->row_sum[i] = t->row_sum[i] * correction + sum;
     t->row_max[i] = new_max;
-    if (correction != 1.0f) {
-      float *oi = o + i * ldo;
-      for (size_t e = 0; e < d; e++) oi[e] *= correction;
-    }
+    t->rescale[i] = correction;
   }
 }
 

@@ -19,6 +19,11 @@ PA_INLINE const void *pa256_partial(const void *p, size_t count, size_t size, vo
   return buffer;
 }
 
+/* The factor a P V kernel applies to row r of O (see pa_pv_fn). */
+PA_INLINE __m256 pa256_row_scale(const float *rescale, int r) {
+  return _mm256_set1_ps(rescale ? rescale[r] : 1.0f);
+}
+
 PA_INLINE __m256 pa256_load_f32(const void *p, size_t count) {
   float buffer[8];
   return _mm256_loadu_ps(pa256_partial(p, count, 4, buffer));
@@ -73,36 +78,28 @@ PA_INLINE __m128i pa256_to_bf16(__m256 x) {
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
-/* exp(x): as the AVX-512 version, with 2^n built in the exponent field.
- * Arguments below -87 give 0, so exp(-inf) = 0. */
-PA_INLINE __m256 pa256_exp(__m256 x) {
-  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f);
-  const __m256 ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
-  __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
-  __m256 n =
-      _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, ln2_hi, x);
-  r = _mm256_fnmadd_ps(n, ln2_lo, r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
-  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
-  __m256i exponent =
+/* 2^x: as the AVX-512 version, with 2^n built in the exponent field.
+ * Arguments below -126 give 0, so 2^-inf = 0. */
+PA_INLINE __m256 pa256_exp2(__m256 x) {
+  __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(127.0f));
+  __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.3280616e-3f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6756266e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5507012e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022117e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314694e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  __m256i bits =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
-  return _mm256_andnot_ps(underflow, result);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
 }
 
 /* tanh(x) = 1 - 2 / (e^(2x) + 1). */
 PA_INLINE __m256 pa256_tanh(__m256 x) {
-  __m256 e = pa256_exp(_mm256_add_ps(x, x));
+  __m256 e = pa256_exp2(_mm256_mul_ps(x, _mm256_set1_ps(2.0f * 1.44269504088896341f)));
   __m256 one = _mm256_set1_ps(1.0f);
   return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
 }

@@ -27,6 +27,11 @@ PA_INLINE __m512 pa512_load_f32(const void *p, __mmask16 m) {
   return m == 0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
 }
 
+/* The factor a P V kernel applies to row r of O (see pa_pv_fn). */
+PA_INLINE __m512 pa512_row_scale(const float *rescale, int r) {
+  return _mm512_set1_ps(rescale ? rescale[r] : 1.0f);
+}
+
 /* bf16 is the upper half of an f32. */
 PA_INLINE __m512 pa512_load_bf16(const void *p, __mmask16 m) {
   __m512i wide = _mm512_cvtepu16_epi32(pa512_load_16x16(p, m));
@@ -67,32 +72,25 @@ PA_INLINE __m256i pa512_to_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
 
-/* exp(x) to about 1 ulp: x = n ln2 + r with |r| <= ln2/2, Cephes' degree-7
- * polynomial for e^r, and vscalefps for the 2^n (which saturates to 0 and
- * inf cleanly, and keeps exp(-inf) = 0). */
-PA_INLINE __m512 pa512_exp(__m512 x) {
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-  const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
-  const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f)); /* below: e^x is 0 in f32 anyway */
-  x = _mm512_min_ps(x, _mm512_set1_ps(89.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
-  r = _mm512_fnmadd_ps(n, ln2_lo, r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+/* 2^x to 2.4e-7 relative: x = n + f with |f| <= 1/2, a degree-5 minimax
+ * polynomial for 2^f, and vscalefps for the 2^n (which overflows to inf and
+ * underflows to 0 cleanly). Below -200 the result is 0, so 2^-inf = 0. */
+PA_INLINE __m512 pa512_exp2(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.3280616e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6756266e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5507012e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022117e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314694e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
 
 /* tanh(x) = 1 - 2 / (e^(2x) + 1): saturates cleanly at both ends. */
 PA_INLINE __m512 pa512_tanh(__m512 x) {
-  __m512 e = pa512_exp(_mm512_add_ps(x, x));
+  __m512 e = pa512_exp2(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 1.44269504088896341f)));
   __m512 one = _mm512_set1_ps(1.0f);
   return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
 }

@@ -39,29 +39,39 @@ typedef void (*pa_qk_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq
                          const void *const *k_rows, float *s, size_t lds,
                          const pa_prefetch *prefetch);
 
-/* O[i][:] += sum_j P[i][j] * V[j][:] for i < m, j < n over d columns. */
+/* O[i][:] = O[i][:] * rescale[i] + sum_j P[i][j] * V[j][:] for i < m,
+ * j < n over d columns (rescale NULL: 1). Rescaling here, where O is loaded
+ * anyway, makes the online softmax's correction free. */
 typedef void (*pa_pv_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                         const void *const *v_rows, float *o, size_t ldo,
+                         const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                          const pa_prefetch *prefetch);
 
-/* One key tile's epilogue for m query rows: turns the raw scores in S into
- * softmax weights of the online (streaming) softmax, and rescales the rows of
- * O whose running maximum grew. Row i's keys are first_key .. first_key+n-1. */
+/* One key tile's epilogue for m query rows, the online (streaming) softmax
+ * in base 2. A raw score s becomes the logit x = s * score_scale, soft-capped
+ * (x = c tanh(x / c)), ALiBi-biased (x += slope (j - position)), then
+ * x * log2(e); masked keys are dropped. row_max is the running maximum of
+ * those base-2 logits, the weights written over S are 2^(x - row_max), and
+ * row_sum is their running sum; rescale[i] says by how much row i of O must
+ * shrink because its maximum grew (applied by the P V kernel). Row i's keys
+ * are first_key .. first_key + n - 1. */
 typedef struct pa_softmax_tile {
   size_t m, n;
   int64_t first_key;
-  float score_scale;       /* raw scores are multiplied by this first */
+  float score_scale;       /* natural-log units per raw score unit */
   float soft_cap;          /* 0: none */
   const float *alibi;      /* [m] slope per row, or NULL */
   const int32_t *position; /* [m] query position per row (for ALiBi) */
   const int32_t *key_lo;   /* [m] row i keeps keys in [key_lo[i], key_hi[i]); */
   const int32_t *key_hi;   /*   NULL: the whole tile is visible to every row */
-  float *row_max;          /* [m] running maximum, -inf before the first key */
-  float *row_sum;          /* [m] running sum of exp(s - row_max) */
+  float *row_max;          /* [m] running maximum (base 2), -inf before the first key */
+  float *row_sum;          /* [m] running sum of 2^(x - row_max) */
+  float *rescale;          /* [m] out: factor for row i of O */
 } pa_softmax_tile;
 
-typedef void (*pa_softmax_fn)(const pa_softmax_tile *tile, float *s, size_t lds, float *o,
-                              size_t ldo, size_t d);
+#define PA_LOG2E 1.44269504088896341f
+#define PA_LN2 0.693147180559945309f
+
+typedef void (*pa_softmax_fn)(const pa_softmax_tile *tile, float *s, size_t lds);
 
 /* Packed tiles, for many query rows at once (prefill): a tile of up to
  * PA_PACK_KEYS keys is packed once into the micro-kernels' layout and then
@@ -83,9 +93,9 @@ typedef void (*pa_pack_fn)(void *dst, const void *const *rows, size_t n, size_t 
  * of S are written; those past n hold zeros' dot products). */
 typedef void (*pa_qk_packed_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                                 const void *k_packed, float *s, size_t lds);
-/* O[i][:] += sum_j P[i][j] V[j][:] over a packed V tile. */
+/* O[i][:] = O[i][:] * rescale[i] + sum_j P[i][j] V[j][:] over a packed V tile. */
 typedef void (*pa_pv_packed_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                                const void *v_packed, float *o, size_t ldo);
+                                const void *v_packed, float *o, size_t ldo, const float *rescale);
 
 /* The kernels attention runs for one (activation, cache) dtype pair. Q is
  * loaded by load_q into q_size-byte elements: f32 already multiplied by the
@@ -120,6 +130,22 @@ typedef struct pa_kernels {
    * path: load_row[act], qk[cache], pv[cache], pack_*[cache], *_packed. */
   pa_attn_ops attn[PA_NUM_ACT_DTYPES][PA_NUM_DTYPES];
 } pa_kernels;
+
+/* O[i][:] *= rescale[i] (nothing when rescale is NULL): the part of a P V
+ * kernel's contract the scalar kernels share. */
+static inline void pa_rescale_rows_scalar(size_t m, size_t d, float *o, size_t ldo,
+                                          const float *rescale) {
+  if (!rescale) return;
+  for (size_t i = 0; i < m; i++) {
+    if (rescale[i] == 1.0f) continue;
+    for (size_t e = 0; e < d; e++) o[i * ldo + e] *= rescale[i];
+  }
+}
+
+/* rescale offset to row i (NULL stays NULL). */
+static inline const float *pa_rescale_from(const float *rescale, size_t i) {
+  return rescale ? rescale + i : NULL;
+}
 
 /* Registration: each fills the entries of one operation file. */
 void pa_convert_kernels_scalar(pa_kernels *k);

@@ -109,14 +109,16 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
  * are padded to ldv (a multiple of 16) with zeros; O's tail goes through
  * a copy. */
 PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const float *p, size_t ldp,
-                        const float *v, size_t ldv, float *o, size_t ldo) {
+                        const float *v, size_t ldv, float *o, size_t ldo, const float *rescale) {
   size_t count[4];
   __m256 acc[2][4];
   for (int c = 0; c < 4; c++) {
     size_t col = c0 + 8 * (size_t)c;
     count[c] = col >= d ? 0 : (d - col < 8 ? d - col : 8);
     for (int r = 0; r < rows; r++) {
-      acc[r][c] = count[c] ? pa256_load_f32(o + r * ldo + col, count[c]) : _mm256_setzero_ps();
+      acc[r][c] = count[c] ? _mm256_mul_ps(pa256_load_f32(o + r * ldo + col, count[c]),
+                                           pa256_row_scale(rescale, r))
+                           : _mm256_setzero_ps();
     }
   }
   for (size_t j = 0; j < n; j++) {
@@ -140,13 +142,17 @@ PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const flo
 }
 
 static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo) {
+                      const void *v_packed, float *o, size_t ldo, const float *rescale) {
   const float *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
   for (size_t c0 = 0; c0 < d; c0 += 32) {
     size_t i = 0;
-    for (; i + 2 <= m; i += 2) pv_block(2, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
-    for (; i < m; i++) pv_block(1, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
+    for (; i + 2 <= m; i += 2)
+      pv_block(2, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+               pa_rescale_from(rescale, i));
+    for (; i < m; i++)
+      pv_block(1, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+               pa_rescale_from(rescale, i));
   }
 }
 

@@ -91,13 +91,15 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
 
 /* rows x 64 columns of O, kept in registers over the tile's keys. */
 PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const float *p, size_t ldp,
-                        const float *v, size_t ldv, float *o, size_t ldo) {
+                        const float *v, size_t ldv, float *o, size_t ldo, const float *rescale) {
   __mmask16 mask[4];
   __m512 acc[6][4];
   for (int c = 0; c < 4; c++) {
     size_t col = c0 + 16 * (size_t)c;
     mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
-    for (int r = 0; r < rows; r++) acc[r][c] = _mm512_maskz_loadu_ps(mask[c], o + r * ldo + col);
+    for (int r = 0; r < rows; r++)
+      acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
+                                pa512_row_scale(rescale, r));
   }
   for (size_t j = 0; j < n; j++) {
     const float *vj = v + j * ldv + c0;
@@ -119,15 +121,23 @@ PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const flo
 }
 
 static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo) {
+                      const void *v_packed, float *o, size_t ldo, const float *rescale) {
   const float *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
   for (size_t c0 = 0; c0 < d; c0 += 64) {
     size_t i = 0;
-    for (; i + 6 <= m; i += 6) pv_block(6, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
-    for (; i + 4 <= m; i += 4) pv_block(4, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
-    for (; i + 2 <= m; i += 2) pv_block(2, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
-    for (; i < m; i++) pv_block(1, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo);
+    for (; i + 6 <= m; i += 6)
+      pv_block(6, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+               pa_rescale_from(rescale, i));
+    for (; i + 4 <= m; i += 4)
+      pv_block(4, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+               pa_rescale_from(rescale, i));
+    for (; i + 2 <= m; i += 2)
+      pv_block(2, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+               pa_rescale_from(rescale, i));
+    for (; i < m; i++)
+      pv_block(1, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+               pa_rescale_from(rescale, i));
   }
 }
 

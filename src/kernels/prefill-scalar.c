@@ -61,8 +61,9 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
 }
 
 static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo) {
+                      const void *v_packed, float *o, size_t ldo, const float *rescale) {
   const float *v = v_packed;
+  pa_rescale_rows_scalar(m, d, o, ldo, rescale);
   size_t ldv = v_stride(d);
   for (size_t i = 0; i < m; i++) {
     for (size_t j = 0; j < n; j++) {

@@ -1,0 +1,72 @@
+/*
+ * Library-facing helpers shared by the API tests: activation buffers, the
+ * expected bytes of a cache after pa_write_kv, and the comparison of outputs
+ * with the reference (tolerances and canaries live here, in one place).
+ */
+#ifndef PA_TEST_HARNESS_H
+#define PA_TEST_HARNESS_H
+
+#include <stdint.h>
+
+#include "pagedattn.h"
+#include "reference.h"
+#include "test_util.h"
+
+static inline ref_dtype hx_ref_dtype(pa_dtype t) { return (ref_dtype)t; }
+static inline ref_attn hx_ref_attn(pa_attn_type t) { return (ref_attn)t; }
+const char *hx_attn_name(pa_attn_type t);
+
+/* rows x stride elements of dtype t. */
+void *hx_alloc_rows(int64_t rows, int64_t stride, pa_dtype t);
+/* Rows of width values uniform in [-mag, mag), rounded to dtype t. The
+ * elements between width and stride hold NaN: a kernel that uses them shows. */
+void hx_fill_rows(tu_rng *rng, void *buf, int64_t stride, int64_t rows, int width, pa_dtype t,
+                  double mag);
+/* Every element of a cache side: finite values in [-mag, mag) (stale data an
+ * engine may leave in free slots), or NaN when poison is set. */
+void hx_fill_cache(tu_rng *rng, const pa_kv_cache *cache, double mag, int poison);
+int64_t hx_cache_elems(const pa_kv_cache *cache); /* per side */
+size_t hx_cache_bytes(const pa_kv_cache *cache);  /* per side */
+
+/* What pa_write_kv must leave in a cache: applies the write to the images
+ * (copies of the cache's bytes) in token order, skipping negative slots.
+ * exact_* gets encode(x / scale) with the quotient rounded to f32 once;
+ * alt_* the same but with x * (1 / scale), which the contract's "stores
+ * value / scale" also allows (they differ only for FP8 and only when the two
+ * quotients straddle an FP8 rounding boundary). alt_* may be NULL for
+ * non-FP8 caches. */
+void hx_expect_write(const pa_kv_cache *cache, unsigned char *exact_key, unsigned char *exact_val,
+                     unsigned char *alt_key, unsigned char *alt_val, const void *key,
+                     int64_t key_stride, const void *value, int64_t value_stride,
+                     pa_dtype src_dtype, int64_t num_tokens, const int64_t *slot_mapping);
+/* Compares both sides of the cache with the images (NaN matches any NaN).
+ * Returns the number of mismatching elements and reports the first ones. */
+long hx_compare_cache(const char *label, const pa_kv_cache *cache, const unsigned char *exact_key,
+                      const unsigned char *exact_val, const unsigned char *alt_key,
+                      const unsigned char *alt_val);
+
+/* Cache elements that matched only the x * (1 / scale) variant. */
+extern long hx_alt_matches;
+/* The largest |out - ref| / tolerance seen so far, by activation dtype: how
+ * much room the tolerances leave. */
+extern double hx_worst_ratio[3];
+
+/* Tolerances, see harness.c for why. */
+typedef struct hx_tol {
+  double rtol;
+  double atol; /* multiplied by the largest |v| of the row's sequence */
+} hx_tol;
+hx_tol hx_tolerance(pa_dtype act);
+#define HX_LSE_ATOL 1e-3
+
+/* Checks rows [0, rows) of out and lse against the reference (a row and
+ * head that sees no key must hold exact zeros and -inf) and that the
+ * library wrote nothing else: the padding of each row up to out_stride, the
+ * extra_rows rows after them, and lse_extra floats after lse's rows must
+ * still hold the canary. lse may be NULL. Returns the number of failures. */
+long hx_check_outputs(const char *label, pa_dtype act, int num_heads, int head_size, int64_t rows,
+                      const void *out, int64_t out_stride, int extra_rows, const float *lse,
+                      int lse_extra, const double *ref_out, const double *ref_lse,
+                      const double *vmax);
+
+#endif /* PA_TEST_HARNESS_H */

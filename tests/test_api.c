@@ -1,0 +1,117 @@
+/*
+ * The descriptive entry points: names, sizes, shapes, head sizes, contexts
+ * and status strings, as the header states them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static void test_dtypes(void) {
+  static const struct {
+    pa_dtype t;
+    size_t size;
+    const char *name;
+    int activation;
+  } want[] = {{PA_F32, 4, "f32", 1},
+              {PA_F16, 2, "f16", 1},
+              {PA_BF16, 2, "bf16", 1},
+              {PA_FP8_E4M3, 1, "fp8_e4m3", 0},
+              {PA_FP8_E5M2, 1, "fp8_e5m2", 0}};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    TU_CHECK(pa_dtype_size(want[i].t) == want[i].size, "pa_dtype_size(%s) = %zu", want[i].name,
+             pa_dtype_size(want[i].t));
+    const char *name = pa_dtype_name(want[i].t);
+    TU_CHECK(name && strcmp(name, want[i].name) == 0, "pa_dtype_name(%d) = %s", (int)want[i].t,
+             name ? name : "(null)");
+    TU_CHECK(!!pa_dtype_is_supported(want[i].t) == want[i].activation,
+             "pa_dtype_is_supported(%s) = %d", want[i].name, pa_dtype_is_supported(want[i].t));
+  }
+  /* Values outside the enum, as a caller's cast could produce. */
+  static const int bad[] = {5, -1, 1000};
+  for (size_t i = 0; i < 3; i++) {
+    pa_dtype t = (pa_dtype)bad[i];
+    TU_CHECK(pa_dtype_size(t) == 0, "pa_dtype_size(%d) = %zu, want 0", bad[i], pa_dtype_size(t));
+    const char *name = pa_dtype_name(t);
+    TU_CHECK(name && strcmp(name, "invalid") == 0, "pa_dtype_name(%d) = %s, want invalid", bad[i],
+             name ? name : "(null)");
+    TU_CHECK(!pa_dtype_is_supported(t), "pa_dtype_is_supported(%d) is true", bad[i]);
+  }
+}
+
+static void test_backend(void) {
+  const char *name = pa_backend_name();
+  TU_CHECK(name && strcmp(name, "PAGEDATTN") == 0, "pa_backend_name = %s", name ? name : "(null)");
+  for (int h = PA_MIN_HEAD_SIZE; h <= PA_MAX_HEAD_SIZE; h++)
+    TU_CHECK(pa_validate_head_size(h) == PA_OK, "pa_validate_head_size(%d) fails: %s", h,
+             pa_last_error());
+  TU_CHECK(PA_MIN_HEAD_SIZE == 1 && PA_MAX_HEAD_SIZE == 1024, "supported head sizes changed");
+
+  static const struct {
+    int64_t nb;
+    int bs, nkv, d;
+  } shapes[] = {
+      {1, 1, 1, 1}, {512, 16, 8, 128}, {7, 17, 3, 130}, {(int64_t)1 << 33, 128, 64, 1024}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    int64_t s[3] = {-1, -1, -1};
+    pa_kv_cache_shape(shapes[i].nb, shapes[i].bs, shapes[i].nkv, shapes[i].d, s);
+    int64_t row = (int64_t)shapes[i].bs * shapes[i].nkv * shapes[i].d;
+    TU_CHECK(s[0] == 2 && s[1] == shapes[i].nb && s[2] == row,
+             "pa_kv_cache_shape(%lld, %d, %d, %d) = {%lld, %lld, %lld}", (long long)shapes[i].nb,
+             shapes[i].bs, shapes[i].nkv, shapes[i].d, (long long)s[0], (long long)s[1],
+             (long long)s[2]);
+  }
+}
+
+static void test_status_strings(void) {
+  static const pa_status all[] = {PA_OK, PA_ERR_INVALID_ARGUMENT, PA_ERR_UNSUPPORTED,
+                                  PA_ERR_OUT_OF_RANGE, PA_ERR_OUT_OF_MEMORY};
+  for (int i = 0; i < 5; i++) {
+    const char *a = pa_status_string(all[i]);
+    TU_CHECK(a && *a, "pa_status_string(%d) is empty", (int)all[i]);
+    for (int j = 0; j < i; j++) {
+      const char *b = pa_status_string(all[j]);
+      TU_CHECK(!a || !b || strcmp(a, b) != 0, "statuses %d and %d share the string %s", i, j,
+               a ? a : "");
+    }
+  }
+  const char *unknown = pa_status_string((pa_status)99);
+  TU_CHECK(unknown != NULL, "pa_status_string(99) is NULL");
+}
+
+static void test_contexts(void) {
+  static const char *families[] = {"avx512", "avx2", "scalar"};
+  static const int requests[] = {1, 2, 3, 0, -4};
+  const char *cap = getenv("PA_ISA");
+  for (int i = 0; i < 5; i++) {
+    pa_context *ctx = NULL;
+    pa_status st = pa_context_create(requests[i], &ctx);
+    TU_CHECK(st == PA_OK && ctx, "pa_context_create(%d): %s", requests[i], pa_last_error());
+    if (st != PA_OK) continue;
+    int n = pa_context_num_threads(ctx);
+    if (requests[i] > 0)
+      TU_CHECK(n == requests[i], "pa_context_num_threads = %d, want %d", n, requests[i]);
+    else
+      TU_CHECK(n >= 1, "pa_context_num_threads = %d for a request of %d", n, requests[i]);
+    const char *isa = pa_context_isa(ctx);
+    int known = 0;
+    for (int f = 0; f < 3; f++) known |= isa && strcmp(isa, families[f]) == 0;
+    TU_CHECK(known, "pa_context_isa = %s", isa ? isa : "(null)");
+    /* PA_ISA caps the family: scalar is always available, so it is exact;
+     * avx2 may fall back to scalar on a CPU without it, never up. */
+    if (cap && strcmp(cap, "scalar") == 0)
+      TU_CHECK(isa && strcmp(isa, "scalar") == 0, "PA_ISA=scalar but isa %s", isa);
+    if (cap && strcmp(cap, "avx2") == 0)
+      TU_CHECK(isa && strcmp(isa, "avx512") != 0, "PA_ISA=avx2 but isa %s", isa);
+    pa_context_destroy(ctx);
+  }
+}
+
+int main(void) {
+  test_dtypes();
+  test_backend();
+  test_status_strings();
+  test_contexts();
+  return tu_finish("test_api");
+}

@@ -1,0 +1,518 @@
+/*
+ * pa_paged_attention and pa_varlen_attention against the double-precision
+ * reference: seeded random cases over shapes, dtypes and features, plus
+ * targeted cases for the edges (see main). K/V go through pa_write_kv, whose
+ * stored bytes are checked too, and the reference reads them back with its
+ * own codecs.
+ *
+ * Reproduce a failure with the printed PA_TEST_SEED and PA_TEST_ONLY; the
+ * seed can also be given as the first argument (--seed=N).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_runner.h"
+
+/* ---- case driver ------------------------------------------------------------ */
+
+static uint64_t g_seed;
+static long g_index, g_only = -1, g_failed_cases;
+
+/* After a case: if it failed, how to see it again. */
+static void report_case(const attn_case *c, const char *tag, long index, long failures_before) {
+  if (tu_failures == failures_before) return;
+  char desc[1024];
+  ar_describe(c, desc, sizeof desc);
+  fprintf(stderr, "  %s: %s\n  reproduce: PA_TEST_SEED=%llu PA_TEST_ONLY=%ld\n", tag, desc,
+          (unsigned long long)g_seed, index);
+  g_failed_cases++;
+}
+
+static void run_case(attn_case *c) {
+  long index = g_index++;
+  if (g_only >= 0 && index != g_only) return;
+  c->seed = tu_mix(g_seed, (uint64_t)index);
+  char tag[32];
+  snprintf(tag, sizeof tag, "case %ld", index);
+  long before = tu_failures;
+  if (c->varlen)
+    ar_run_varlen(c, tag);
+  else
+    ar_run_paged(c, tag);
+  report_case(c, tag, index, before);
+}
+
+/* The default of every targeted case: a mixed batch (a full prefill, a
+ * chunk over a cached prefix, decodes) in f32, which the groups below vary
+ * one dimension at a time. */
+static attn_case base_case(const char *group) {
+  attn_case c;
+  memset(&c, 0, sizeof c);
+  c.group = group;
+  c.act = c.cache_dtype = c.src_dtype = PA_F32;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_size = 64;
+  c.block_size = 16;
+  c.type = PA_ATTN_DECODER;
+  c.num_seqs = 4;
+  static const int q[] = {20, 7, 1, 1}, k[] = {20, 37, 45, 1};
+  memcpy(c.q_len, q, sizeof q);
+  memcpy(c.seq_len, k, sizeof k);
+  static int next_ctx;
+  c.ctx = next_ctx++ % AR_NUM_CTX; /* groups that care set their own */
+  c.lse = 1;
+  c.shuffle = 1;
+  c.pad = 3;
+  c.k_scale = c.v_scale = 1.0f;
+  c.q_mag = 1.5;
+  c.k_mag = 1.5;
+  c.v_mag = 1.0;
+  return c;
+}
+
+static void set_seqs(attn_case *c, int n, const int *q, const int *k) {
+  c->num_seqs = n;
+  for (int s = 0; s < n; s++) {
+    c->q_len[s] = q[s];
+    c->seq_len[s] = k[s];
+  }
+}
+
+/* FP8 scales that map the largest |x| to somewhere between 0.5 and a bit
+ * past the format's top (448 / 57344): the whole code range gets used,
+ * subnormals and saturation included. */
+static void pick_fp8_scales(tu_rng *g, attn_case *c) {
+  double hi = c->cache_dtype == PA_FP8_E4M3 ? 500.0 : 60000.0;
+  c->k_scale = (float)(c->k_mag / exp(tu_range(g, log(0.5), log(hi))));
+  c->v_scale = (float)(c->v_mag / exp(tu_range(g, log(0.5), log(hi))));
+}
+
+/* ---- random cases ------------------------------------------------------------ */
+
+/* Shrinks the lengths until q_len * k_len * heads * head_size fits the
+ * budget that keeps the scalar run short; halving both (rounding up) keeps
+ * q_len <= k_len. */
+static void fit_budget(attn_case *c, double budget) {
+  for (;;) {
+    double work = 0;
+    int big = 0;
+    for (int s = 0; s < c->num_seqs; s++) {
+      work += (double)(c->q_len[s] + 1) * (double)(c->seq_len[s] + 1);
+      if (c->q_len[s] > 1 || c->seq_len[s] > 1) big = 1;
+    }
+    work *= (double)c->num_heads * (double)c->head_size;
+    if (work <= budget || !big) return;
+    for (int s = 0; s < c->num_seqs; s++) {
+      c->q_len[s] = (c->q_len[s] + 1) / 2;
+      c->seq_len[s] = (c->seq_len[s] + 1) / 2;
+    }
+  }
+}
+
+static void random_case(tu_rng *g, attn_case *c, int varlen) {
+  static const int head_sizes[] = {1,  2,  3,  4,   7,   8,   16,  32, 64,
+                                   64, 80, 96, 112, 128, 128, 130, 256};
+  static const int block_sizes[] = {1, 2, 3, 4, 5, 8, 16, 16, 17, 32, 128};
+  static const int groups[] = {1, 1, 2, 3, 4, 7, 8};
+  memset(c, 0, sizeof *c);
+  c->group = "random";
+  c->varlen = varlen;
+  c->act = (pa_dtype)tu_int(g, 0, 2);
+  c->cache_dtype = varlen ? c->act : (pa_dtype)tu_int(g, 0, 4);
+  c->src_dtype = tu_chance(g, 0.8) ? c->act : (pa_dtype)tu_int(g, 0, 2);
+  int nkv = tu_int(g, 1, 4), group = groups[tu_int(g, 0, 6)];
+  c->num_heads = nkv * group;
+  c->num_kv_heads = group == 1 && tu_chance(g, 0.3) ? 0 : nkv;
+  c->head_size = head_sizes[tu_int(g, 0, (int)(sizeof head_sizes / sizeof(int)) - 1)];
+  c->block_size = block_sizes[tu_int(g, 0, (int)(sizeof block_sizes / sizeof(int)) - 1)];
+  c->scale = tu_chance(g, 0.5) ? 0.0f : (float)tu_range(g, 0.02, 0.5);
+  c->alibi = tu_chance(g, 0.25);
+  c->sinks = tu_chance(g, 0.25);
+  c->window = tu_chance(g, 0.25) ? tu_int(g, 1, 80) : 0;
+  c->soft_cap = tu_chance(g, 0.2) ? (float)tu_range(g, 1.0, 30.0) : 0.0f;
+  double t = tu_uniform(g);
+  c->type = t < 0.6    ? PA_ATTN_DECODER
+            : t < 0.73 ? PA_ATTN_ENCODER
+            : t < 0.86 ? PA_ATTN_ENCODER_ONLY
+                       : PA_ATTN_ENCODER_DECODER;
+  c->ctx = tu_int(g, 0, AR_NUM_CTX - 1);
+  c->plan = varlen ? 0 : tu_int(g, 0, 2);
+  c->lse = tu_chance(g, 0.75);
+  c->shuffle = tu_chance(g, 0.6);
+  c->pad = tu_chance(g, 0.5) ? tu_int(g, 1, 9) : 0;
+  c->poison = !varlen && tu_chance(g, 0.1);
+  c->fused = varlen && tu_chance(g, 0.5);
+  c->q_mag = exp(tu_range(g, log(0.3), log(4.0)));
+  c->k_mag = exp(tu_range(g, log(0.3), log(3.0)));
+  c->v_mag = exp(tu_range(g, log(0.1), log(8.0)));
+  c->k_scale = c->v_scale = 1.0f;
+  if (c->cache_dtype >= PA_FP8_E4M3) pick_fp8_scales(g, c);
+
+  c->num_seqs = tu_chance(g, 0.03) ? 0 : tu_int(g, 1, 6);
+  int L = tu_int(g, 1, 160);
+  int self = c->type == PA_ATTN_ENCODER || c->type == PA_ATTN_ENCODER_ONLY;
+  for (int s = 0; s < c->num_seqs; s++) {
+    int *q = &c->q_len[s], *k = &c->seq_len[s];
+    if (c->type == PA_ATTN_DECODER) {
+      switch (tu_int(g, 0, 3)) {
+        case 0: *q = *k = tu_int(g, 1, L); break;                       /* prefill */
+        case 1: *q = tu_int(g, 1, L), *k = *q + tu_int(g, 1, L); break; /* chunk */
+        case 2: *q = 1, *k = tu_int(g, 1, 4 * L); break;                /* decode */
+        default: *q = 0, *k = tu_int(g, 0, L); break;                   /* idle */
+      }
+      /* varlen: a decoder with more queries than keys leaves rows unseen */
+      if (varlen && tu_chance(g, 0.1)) *q = *k + tu_int(g, 1, 8);
+    } else if (self && tu_chance(g, 0.85)) {
+      *q = *k = tu_int(g, 0, L);
+    } else {
+      *q = tu_int(g, 0, L);
+      *k = tu_int(g, 0, L);
+    }
+  }
+  fit_budget(c, 3e6);
+}
+
+/* ---- targeted cases ------------------------------------------------------------ */
+
+static void targeted_shapes(tu_rng *g) {
+  static const int head_sizes[] = {1, 3, 80, 96, 112, 130, 256, 576, 1024};
+  for (int i = 0; i < 9; i++) {
+    attn_case c = base_case("head_size");
+    c.head_size = head_sizes[i];
+    c.act = (pa_dtype)(i % 3);
+    c.src_dtype = c.act;
+    c.cache_dtype = (pa_dtype)(i % 5);
+    if (c.cache_dtype >= PA_FP8_E4M3) pick_fp8_scales(g, &c);
+    if (c.head_size >= 576) {
+      static const int q[] = {9, 4, 1}, k[] = {9, 13, 30};
+      c.num_heads = 2;
+      c.num_kv_heads = 1;
+      set_seqs(&c, 3, q, k);
+    }
+    c.ctx = i % AR_NUM_CTX;
+    run_case(&c);
+  }
+  static const int block_sizes[] = {1, 3, 16, 17, 128};
+  for (int i = 0; i < 5; i++) {
+    attn_case c = base_case("block_size");
+    c.block_size = block_sizes[i];
+    c.plan = i % 3;
+    c.ctx = i % AR_NUM_CTX;
+    run_case(&c);
+  }
+  static const int groups[] = {1, 2, 4, 7, 8};
+  for (int i = 0; i < 5; i++) {
+    attn_case c = base_case("gqa");
+    c.num_kv_heads = 2;
+    c.num_heads = 2 * groups[i];
+    c.head_size = 32;
+    c.act = (pa_dtype)(i % 3);
+    c.src_dtype = c.act;
+    c.cache_dtype = c.act;
+    run_case(&c);
+  }
+  attn_case mqa = base_case("mqa");
+  mqa.num_heads = 8;
+  mqa.num_kv_heads = 1;
+  run_case(&mqa);
+  mqa.varlen = 1;
+  run_case(&mqa);
+  attn_case mha = base_case("num_kv_heads=0");
+  mha.num_kv_heads = 0;
+  run_case(&mha);
+  attn_case scaled = base_case("explicit scale");
+  scaled.scale = 0.3f;
+  run_case(&scaled);
+}
+
+static void targeted_batches(void) {
+  static const int q1[] = {1, 1}, k1[] = {1, 1};
+  attn_case c = base_case("length 1");
+  set_seqs(&c, 2, q1, k1);
+  run_case(&c);
+  c.varlen = 1;
+  run_case(&c);
+
+  /* Decodes, prefills and chunks interleaved. */
+  static const int qm[] = {1, 33, 12, 1, 1, 1, 64, 5}, km[] = {50, 33, 29, 2, 1, 65, 64, 130};
+  c = base_case("mixed order");
+  set_seqs(&c, 8, qm, km);
+  c.block_size = 5;
+  for (int i = 0; i < AR_NUM_CTX; i++) {
+    c.ctx = i;
+    c.plan = i % 2;
+    run_case(&c);
+  }
+
+  c = base_case("empty batch");
+  c.num_seqs = 0;
+  run_case(&c);
+  c.plan = 1;
+  run_case(&c);
+  c.varlen = 1;
+  c.plan = 0;
+  run_case(&c);
+
+  static const int qz[] = {0, 5, 0, 1, 0}, kz[] = {10, 5, 0, 3, 40};
+  c = base_case("q_len 0");
+  set_seqs(&c, 5, qz, kz);
+  run_case(&c);
+  c.varlen = 1;
+  run_case(&c);
+  c.varlen = 0;
+  static const int qa[] = {0, 0}, ka[] = {7, 0};
+  set_seqs(&c, 2, qa, ka); /* no rows at all */
+  run_case(&c);
+}
+
+static void targeted_features(void) {
+  /* Windows smaller and larger than the context, for every type. */
+  static const int windows[] = {1, 5, 30, 1000};
+  for (int t = 0; t < 4; t++)
+    for (int w = 0; w < 4; w++) {
+      attn_case c = base_case("window");
+      c.type = (pa_attn_type)t;
+      c.window = windows[w];
+      c.varlen = w % 2;
+      if (t != PA_ATTN_DECODER) {
+        static const int q[] = {12, 30, 3}, k[] = {12, 30, 9};
+        set_seqs(&c, 3, q, k);
+      }
+      run_case(&c);
+    }
+
+  /* All four types, paged and varlen. */
+  for (int t = 0; t < 4; t++)
+    for (int vl = 0; vl < 2; vl++) {
+      attn_case c = base_case("attn type");
+      c.type = (pa_attn_type)t;
+      c.varlen = vl;
+      if (t != PA_ATTN_DECODER) {
+        static const int q[] = {17, 4, 25}, k[] = {17, 40, 3};
+        set_seqs(&c, 3, q, k);
+      }
+      run_case(&c);
+    }
+
+  /* Sinks and ALiBi, alone and together, with and without a window and a
+   * soft cap. */
+  for (int i = 0; i < 8; i++) {
+    attn_case c = base_case("sinks/alibi");
+    c.sinks = (i & 1) || i == 6;
+    c.alibi = (i & 2) != 0;
+    c.window = (i & 4) ? 9 : 0;
+    c.soft_cap = i >= 6 ? 4.0f : 0.0f;
+    c.act = (pa_dtype)(i % 3);
+    c.src_dtype = c.act;
+    c.cache_dtype = c.act;
+    c.varlen = i == 5;
+    run_case(&c);
+  }
+
+  /* Rows that see no key: zeros and lse = -inf, with a sink too. */
+  for (int sinks = 0; sinks < 2; sinks++) {
+    static const int q[] = {3, 2, 4}, k[] = {0, 6, 0};
+    attn_case c = base_case("no keys: encoder-decoder");
+    c.type = PA_ATTN_ENCODER_DECODER;
+    c.sinks = sinks;
+    set_seqs(&c, 3, q, k);
+    run_case(&c);
+    c.varlen = 1;
+    run_case(&c);
+    static const int qd[] = {5, 3, 2}, kd[] = {2, 0, 9};
+    attn_case d = base_case("no keys: varlen decoder q_len > k_len");
+    d.sinks = sinks;
+    d.alibi = 1;
+    d.varlen = 1;
+    set_seqs(&d, 3, qd, kd);
+    run_case(&d);
+  }
+
+  /* FP8 with scales so small that most values saturate. */
+  for (int e5 = 0; e5 < 2; e5++) {
+    attn_case c = base_case("fp8 saturation");
+    c.cache_dtype = e5 ? PA_FP8_E5M2 : PA_FP8_E4M3;
+    c.k_scale = (float)(c.k_mag / (e5 ? 40000.0 : 300.0));
+    c.v_scale = (float)(c.v_mag / (e5 ? 80000.0 : 900.0));
+    run_case(&c);
+  }
+
+  /* NaN in every slot and block no sequence owns: a kernel that computes a
+   * whole block and masks afterwards must not let 0 * NaN through. */
+  attn_case c = base_case("poisoned free slots");
+  c.poison = 1;
+  c.block_size = 16;
+  for (int i = 0; i < 3; i++) {
+    c.cache_dtype = (pa_dtype)(i == 2 ? PA_FP8_E4M3 : i);
+    run_case(&c);
+  }
+
+  c = base_case("no lse, contiguous blocks, no padding");
+  c.lse = 0;
+  c.shuffle = 0;
+  c.pad = 0;
+  run_case(&c);
+
+  c = base_case("plan from a sibling layer");
+  c.plan = 2;
+  c.alibi = c.sinks = 1;
+  c.window = 11;
+  run_case(&c);
+
+  c = base_case("varlen fused qkv");
+  static const int qf[] = {12, 1, 30}, kf[] = {12, 1, 30};
+  set_seqs(&c, 3, qf, kf);
+  c.varlen = 1;
+  c.fused = 1;
+  c.type = PA_ATTN_ENCODER_ONLY;
+  run_case(&c);
+}
+
+/* Long decodes, which the library splits over threads. */
+static void targeted_long(void) {
+  static const int q[] = {1, 1, 1, 3}, k[] = {2100, 2600, 37, 2003};
+  for (int i = 0; i < 4; i++) {
+    attn_case c = base_case("long context");
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_size = 128;
+    set_seqs(&c, 4, q, k);
+    c.ctx = i < 2 ? i : 1; /* 1 and 2 threads */
+    c.plan = i % 2;
+    if (i == 2) {
+      c.act = c.src_dtype = PA_BF16;
+      c.cache_dtype = PA_FP8_E4M3;
+      c.k_scale = 0.01f;
+      c.v_scale = 0.005f;
+      c.sinks = c.alibi = 1;
+    }
+    if (i == 3) {
+      c.act = c.src_dtype = c.cache_dtype = PA_F16;
+      c.window = 300;
+      c.soft_cap = 8.0f;
+    }
+    run_case(&c);
+  }
+  /* A batch of one long decode: all threads must share one sequence. */
+  static const int q1[] = {1}, k1[] = {4099};
+  for (int i = 0; i < 2; i++) {
+    attn_case c = base_case("one long decode");
+    c.num_heads = c.num_kv_heads = 2;
+    set_seqs(&c, 1, q1, k1);
+    c.ctx = i;
+    c.block_size = 128;
+    run_case(&c);
+  }
+}
+
+/* "Different contexts may be used concurrently": four cases, each on its
+ * own two-thread context in its own thread, several calls each, all at
+ * once. Library state shared between contexts would show as wrong output. */
+typedef struct worker {
+  paged_run *run;
+  pa_context *ctx;
+  pa_status st;
+} worker;
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  for (int rep = 0; rep < 4 && w->st == PA_OK; rep++) w->st = ar_paged_call(w->run, w->ctx);
+  return NULL;
+}
+
+static void test_concurrent_contexts(void) {
+  enum { N = 4 };
+  static const int q[] = {1, 9, 1}, k[] = {900, 9, 1500};
+  attn_case cases[N];
+  paged_run runs[N];
+  worker workers[N];
+  pthread_t threads[N];
+  int started[N] = {0};
+  char tags[N][32];
+  int ready = 1;
+  long first = g_index;
+  if (g_only >= 0 && (g_only < first || g_only >= first + N)) {
+    g_index += N;
+    return;
+  }
+  for (int i = 0; i < N; i++) {
+    cases[i] = base_case("concurrent contexts");
+    set_seqs(&cases[i], 3, q, k);
+    cases[i].act = cases[i].src_dtype = (pa_dtype)(i % 3);
+    cases[i].cache_dtype = (pa_dtype)(i == 3 ? PA_FP8_E5M2 : i % 3);
+    cases[i].k_scale = cases[i].v_scale = 0.01f;
+    cases[i].sinks = i % 2;
+    cases[i].seed = tu_mix(g_seed, (uint64_t)g_index);
+    snprintf(tags[i], sizeof tags[i], "case %ld", g_index++);
+    ready &= ar_paged_prepare(&cases[i], tags[i], &runs[i]);
+    workers[i] = (worker){&runs[i], NULL, PA_OK};
+    pa_status st = pa_context_create(2, &workers[i].ctx);
+    TU_CHECK(st == PA_OK, "pa_context_create(2): %s", pa_last_error());
+    ready &= st == PA_OK;
+  }
+  if (ready) {
+    for (int i = 0; i < N; i++)
+      started[i] = pthread_create(&threads[i], NULL, worker_main, &workers[i]) == 0;
+    for (int i = 0; i < N; i++) {
+      TU_CHECK(started[i], "pthread_create failed");
+      if (started[i]) pthread_join(threads[i], NULL);
+    }
+    for (int i = 0; i < N; i++) {
+      long before = tu_failures;
+      if (started[i]) ar_paged_check(&runs[i], tags[i], workers[i].st);
+      report_case(&cases[i], tags[i], first + i, before);
+    }
+  }
+  for (int i = 0; i < N; i++) {
+    ar_paged_free(&runs[i]);
+    if (workers[i].ctx) pa_context_destroy(workers[i].ctx);
+  }
+}
+
+int main(int argc, char **argv) {
+  g_seed = tu_seed_from_args(argc, argv, 20240607);
+  g_only = tu_only_case();
+  double t0 = tu_now();
+  for (int i = 0; i < AR_NUM_CTX; i++) {
+    pa_status st = pa_context_create(ar_ctx_threads[i], &ar_ctx[i]);
+    if (st != PA_OK) {
+      fprintf(stderr, "pa_context_create(%d): %s (%s)\n", ar_ctx_threads[i], pa_status_string(st),
+              pa_last_error());
+      return 1;
+    }
+  }
+  printf("test_attention: seed %llu, isa %s\n", (unsigned long long)g_seed,
+         pa_context_isa(ar_ctx[0]));
+
+  tu_rng g;
+  tu_rng_seed(&g, tu_mix(g_seed, 0xC0FFEE));
+  double t = tu_now();
+  targeted_shapes(&g);
+  targeted_batches();
+  targeted_features();
+  printf("  targeted cases: %.2f s\n", tu_now() - t);
+  t = tu_now();
+  targeted_long();
+  printf("  long contexts: %.2f s\n", tu_now() - t);
+  test_concurrent_contexts();
+
+  t = tu_now();
+  long n_random = (long)(600 * tu_case_scale());
+  for (long i = 0; i < n_random; i++) {
+    attn_case c;
+    random_case(&g, &c, i % 4 == 3);
+    run_case(&c);
+  }
+  printf("  %ld random cases: %.2f s\n", n_random, tu_now() - t);
+
+  for (int i = 0; i < AR_NUM_CTX; i++) pa_context_destroy(ar_ctx[i]);
+  printf("test_attention: %ld cases, %ld failed, %.2f s\n", g_index, g_failed_cases, tu_now() - t0);
+  printf("  worst |out - ref| / tolerance: f32 %.3g, f16 %.3g, bf16 %.3g\n", hx_worst_ratio[0],
+         hx_worst_ratio[1], hx_worst_ratio[2]);
+  printf("  fp8 cache elements matching only x * (1 / scale): %ld\n", hx_alt_matches);
+  return tu_finish("test_attention");
+}

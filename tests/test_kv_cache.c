@@ -1,0 +1,359 @@
+/*
+ * pa_write_kv, pa_copy_blocks and pa_swap_blocks, byte for byte: every
+ * F16/BF16 code and every rounding midpoint of the narrow formats go through
+ * pa_write_kv into every cache dtype; padding slots, repeated slots and
+ * chains of block pairs follow the header's order rules.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static pa_context *g_ctx1, *g_ctx3;
+
+static pa_kv_cache make_cache(int64_t num_blocks, int block_size, int nkv, int d, pa_dtype t,
+                              float k_scale, float v_scale) {
+  pa_kv_cache c;
+  memset(&c, 0, sizeof c);
+  c.num_blocks = num_blocks;
+  c.block_size = block_size;
+  c.num_kv_heads = nkv;
+  c.head_size = d;
+  c.dtype = t;
+  c.k_scale = k_scale;
+  c.v_scale = v_scale;
+  c.key = tu_malloc(hx_cache_bytes(&c));
+  c.value = tu_malloc(hx_cache_bytes(&c));
+  return c;
+}
+
+static void free_cache(pa_kv_cache *c) {
+  free(c->key);
+  free(c->value);
+}
+
+/* Writes num_tokens rows (already filled) through pa_write_kv and compares
+ * the whole cache with what the contract says it must hold. */
+static void write_and_check(const char *tag, pa_context *ctx, const pa_kv_cache *cache,
+                            const void *key, int64_t ks, const void *value, int64_t vs,
+                            pa_dtype src, int64_t n, const int64_t *slots) {
+  size_t bytes = hx_cache_bytes(cache);
+  unsigned char *img[4];
+  for (int i = 0; i < 4; i++) {
+    img[i] = tu_malloc(bytes);
+    memcpy(img[i], i % 2 ? cache->value : cache->key, bytes);
+  }
+  hx_expect_write(cache, img[0], img[1], img[2], img[3], key, ks, value, vs, src, n, slots);
+  pa_status st = pa_write_kv(ctx, cache, key, ks, value, vs, src, n, slots);
+  TU_CHECK(st == PA_OK, "%s: pa_write_kv: %s (%s)", tag, pa_status_string(st), pa_last_error());
+  hx_compare_cache(tag, cache, img[0], img[1], img[2], img[3]);
+  for (int i = 0; i < 4; i++) free(img[i]);
+}
+
+/* Slots 0 .. n-1 in random order, with padding rows mixed in; returns the
+ * number of rows (>= n). */
+static int64_t shuffled_slots(tu_rng *rng, int64_t n, int64_t *slots) {
+  int64_t rows = 0;
+  int64_t *perm = tu_malloc((size_t)n * sizeof(int64_t));
+  for (int64_t i = 0; i < n; i++) perm[i] = i;
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)(tu_next(rng) % (uint64_t)(i + 1)), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    if (tu_chance(rng, 0.05)) slots[rows++] = -1 - (int64_t)tu_int(rng, 0, 1000);
+    slots[rows++] = perm[i];
+  }
+  free(perm);
+  return rows;
+}
+
+/* Every value of `values` (f32) stored as src dtype rows, written into a
+ * cache of each dtype, with unit and random FP8 scales. */
+static void write_values(tu_rng *rng, const char *what, const float *values, int64_t count,
+                         pa_dtype src) {
+  const int nkv = 2, d = 64, width = nkv * d, bs = 16;
+  int64_t tokens = (count + width - 1) / width;
+  int64_t blocks = (tokens + bs - 1) / bs + 1;
+  int64_t ks = width + 3, vs = width;
+  void *krows = hx_alloc_rows(tokens + blocks * bs, ks, src);
+  void *vrows = hx_alloc_rows(tokens + blocks * bs, vs, src);
+  int64_t *slots = tu_malloc((size_t)(2 * (tokens + 1)) * sizeof(int64_t));
+  for (int t = PA_F32; t <= PA_FP8_E5M2; t++) {
+    for (int scaled = 0; scaled < 2; scaled++) {
+      if (scaled && t < PA_FP8_E4M3) continue;
+      char tag[128];
+      snprintf(tag, sizeof tag, "write %s as %s into %s cache%s", what, pa_dtype_name(src),
+               pa_dtype_name((pa_dtype)t), scaled ? " with random scales" : "");
+      float k_scale = scaled ? (float)tu_range(rng, 0.01, 3.0) : 1.0f;
+      float v_scale = scaled ? (float)tu_range(rng, 0.01, 3.0) : 1.0f;
+      pa_kv_cache cache = make_cache(blocks, bs, nkv, d, (pa_dtype)t, k_scale, v_scale);
+      tu_fill_random_bytes(rng, cache.key, hx_cache_bytes(&cache));
+      tu_fill_random_bytes(rng, cache.value, hx_cache_bytes(&cache));
+      int64_t rows = shuffled_slots(rng, tokens, slots);
+      /* Row r carries values in order (keys) and reversed (values); padding
+       * rows carry them too, so skipping them is checked. */
+      for (int64_t r = 0; r < rows; r++) {
+        int64_t tok = slots[r] < 0 ? 0 : slots[r];
+        for (int c = 0; c < width; c++) {
+          int64_t i = tok * width + c;
+          float kx = i < count ? values[i] : 0.0f;
+          float vx = i < count ? values[count - 1 - i] : 1.0f;
+          ref_store(krows, r * ks + c, hx_ref_dtype(src), kx);
+          ref_store(vrows, r * vs + c, hx_ref_dtype(src), vx);
+        }
+      }
+      write_and_check(tag, scaled ? g_ctx3 : g_ctx1, &cache, krows, ks, vrows, vs, src, rows,
+                      slots);
+      free_cache(&cache);
+    }
+  }
+  free(krows);
+  free(vrows);
+  free(slots);
+}
+
+static void test_write_conversions(tu_rng *rng) {
+  /* Every F16 and BF16 code as a source: exact values, so each cache dtype
+   * sees its whole rounding (and saturation, and NaN / inf) range. */
+  float *v = tu_malloc(65536 * sizeof(float));
+  for (int code = 0; code < 65536; code++) v[code] = ref_f16_decode((uint16_t)code);
+  write_values(rng, "every f16 code", v, 65536, PA_F16);
+  for (int code = 0; code < 65536; code++) v[code] = ref_bf16_decode((uint16_t)code);
+  write_values(rng, "every bf16 code", v, 65536, PA_BF16);
+  free(v);
+
+  /* F32 sources: every midpoint between adjacent finite values of F16, BF16
+   * and FP8 and the floats either side of it (the ties and near-ties that
+   * round-to-even must get right), both signs, plus specials. */
+  static const pa_dtype narrow[] = {PA_F16, PA_BF16, PA_FP8_E4M3, PA_FP8_E5M2};
+  static const unsigned max_finite[] = {0x7BFF, 0x7F7F, 0x7E, 0x7B};
+  int64_t cap = 6 * (0x7BFF + 0x7F7F + 0x7E + 0x7B) + 64, n = 0;
+  float *f = tu_malloc((size_t)cap * sizeof(float));
+  for (int i = 0; i < 4; i++) {
+    ref_dtype rt = hx_ref_dtype(narrow[i]);
+    for (unsigned code = 0; code < max_finite[i]; code++) {
+      unsigned char lo_b[2] = {(unsigned char)code, (unsigned char)(code >> 8)};
+      unsigned char hi_b[2] = {(unsigned char)(code + 1), (unsigned char)((code + 1) >> 8)};
+      float lo = ref_load(lo_b, 0, rt), hi = ref_load(hi_b, 0, rt);
+      float mid = (float)(0.5 * ((double)lo + (double)hi));
+      float three[3] = {mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY)};
+      for (int k = 0; k < 3; k++) {
+        f[n++] = three[k];
+        f[n++] = -three[k];
+      }
+    }
+  }
+  static const float specials[] = {0.0f,     -0.0f,    INFINITY, -INFINITY, NAN,
+                                   FLT_MAX,  -FLT_MAX, FLT_MIN,  -FLT_MIN,  0x1p-149f,
+                                   65504.0f, 65520.0f, 65536.0f, 448.0f,    464.0f,
+                                   480.0f,   1e6f,     57344.0f, 61440.0f,  -1e30f};
+  for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) f[n++] = specials[i];
+  write_values(rng, "f32 midpoints and specials", f, n, PA_F32);
+  free(f);
+}
+
+/* Two rows for one slot: the later wins, also when the two rows are far
+ * apart in a long write that a context may split over threads. */
+static void test_write_order(void) {
+  const int nkv = 1, d = 8, bs = 4, half = 3000;
+  pa_kv_cache cache = make_cache(half / bs + 1, bs, nkv, d, PA_F32, 1, 1);
+  size_t bytes = hx_cache_bytes(&cache);
+  memset(cache.key, 0, bytes);
+  memset(cache.value, 0, bytes);
+  int64_t n = 2 * half;
+  float *k = tu_malloc((size_t)n * d * sizeof(float)),
+        *v = tu_malloc((size_t)n * d * sizeof(float));
+  int64_t *slots = tu_malloc((size_t)n * sizeof(int64_t));
+  for (int64_t t = 0; t < n; t++) {
+    slots[t] = (t % half + 7 * (t / half)) % half; /* each slot twice */
+    for (int c = 0; c < d; c++) {
+      k[t * d + c] = (float)t;
+      v[t * d + c] = (float)-t;
+    }
+  }
+  write_and_check("repeated slots (later wins)", g_ctx3, &cache, k, d, v, d, PA_F32, n, slots);
+  write_and_check("repeated slots (later wins), 1 thread", g_ctx1, &cache, v, d, k, d, PA_F32, n,
+                  slots);
+
+  /* Only padding, and no tokens at all: nothing changes. */
+  for (int64_t t = 0; t < n; t++) slots[t] = -1 - (t % 3);
+  write_and_check("only padding", g_ctx3, &cache, k, d, v, d, PA_F32, n, slots);
+  write_and_check("zero tokens", g_ctx1, &cache, k, d, v, d, PA_F32, 0, slots);
+  free(k);
+  free(v);
+  free(slots);
+  free_cache(&cache);
+}
+
+/* ---- block copies -------------------------------------------------------- */
+
+static size_t block_bytes(const pa_kv_cache *c) {
+  return hx_cache_bytes(c) / (size_t)c->num_blocks;
+}
+
+/* Applies pairs in order to images of a cache, as the header defines. */
+static void apply_pairs(const pa_kv_cache *src, unsigned char *src_key, unsigned char *src_val,
+                        unsigned char *dst_key, unsigned char *dst_val, const int64_t *pairs,
+                        int64_t n) {
+  size_t bb = block_bytes(src);
+  for (int64_t i = 0; i < n; i++) {
+    memmove(dst_key + (size_t)pairs[2 * i + 1] * bb, src_key + (size_t)pairs[2 * i] * bb, bb);
+    memmove(dst_val + (size_t)pairs[2 * i + 1] * bb, src_val + (size_t)pairs[2 * i] * bb, bb);
+  }
+}
+
+static void compare_bytes(const char *tag, const pa_kv_cache *c, const unsigned char *key,
+                          const unsigned char *val) {
+  size_t bytes = hx_cache_bytes(c), bb = block_bytes(c);
+  for (int side = 0; side < 2; side++) {
+    const unsigned char *got = side ? c->value : c->key, *want = side ? val : key;
+    if (memcmp(got, want, bytes) == 0) continue;
+    size_t i = 0;
+    while (got[i] == want[i]) i++;
+    TU_CHECK(0, "%s: %s differs first in block %zu (byte %zu of the block)", tag,
+             side ? "value" : "key", i / bb, i % bb);
+  }
+  tu_checks++;
+}
+
+static void test_copy_blocks(tu_rng *rng) {
+  for (int t = PA_F32; t <= PA_FP8_E5M2; t++) {
+    const int num_caches = 3;
+    const int64_t nb = 12;
+    pa_kv_cache caches[3];
+    unsigned char *img[3][2];
+    for (int i = 0; i < num_caches; i++) {
+      caches[i] = make_cache(nb, 17, 2, 24, (pa_dtype)t, 0.5f, 0.25f);
+      /* Random bytes, NaN patterns included: a copy moves bytes. */
+      tu_fill_random_bytes(rng, caches[i].key, hx_cache_bytes(&caches[i]));
+      tu_fill_random_bytes(rng, caches[i].value, hx_cache_bytes(&caches[i]));
+      for (int s = 0; s < 2; s++) {
+        img[i][s] = tu_malloc(hx_cache_bytes(&caches[i]));
+        memcpy(img[i][s], s ? caches[i].value : caches[i].key, hx_cache_bytes(&caches[i]));
+      }
+    }
+    /* A chain 0 -> 1 -> 2 -> 3 (block 3 ends with block 0's original), a
+     * repeated destination (5 ends as 8), a self copy, then random pairs. */
+    int64_t pairs[2 * 40] = {0, 1, 1, 2, 2, 3, 7, 5, 8, 5, 4, 4, 9, 10, 10, 9};
+    int64_t n = 8;
+    while (n < 40) {
+      pairs[2 * n] = tu_int(rng, 0, (int)nb - 1);
+      pairs[2 * n + 1] = tu_int(rng, 0, (int)nb - 1);
+      n++;
+    }
+    for (int i = 0; i < num_caches; i++)
+      apply_pairs(&caches[i], img[i][0], img[i][1], img[i][0], img[i][1], pairs, n);
+    pa_status st = pa_copy_blocks(t % 2 ? g_ctx3 : g_ctx1, caches, num_caches, pairs, n);
+    char tag[64];
+    snprintf(tag, sizeof tag, "pa_copy_blocks %s", pa_dtype_name((pa_dtype)t));
+    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    for (int i = 0; i < num_caches; i++) compare_bytes(tag, &caches[i], img[i][0], img[i][1]);
+
+    /* No pairs, no caches: nothing happens. */
+    st = pa_copy_blocks(g_ctx1, caches, num_caches, pairs, 0);
+    TU_CHECK(st == PA_OK, "pa_copy_blocks with no pairs: %s", pa_last_error());
+    st = pa_copy_blocks(g_ctx1, caches, 0, pairs, n);
+    TU_CHECK(st == PA_OK, "pa_copy_blocks with no caches: %s", pa_last_error());
+    for (int i = 0; i < num_caches; i++) {
+      compare_bytes("pa_copy_blocks without work", &caches[i], img[i][0], img[i][1]);
+      free(img[i][0]);
+      free(img[i][1]);
+      free_cache(&caches[i]);
+    }
+  }
+}
+
+static void test_swap_blocks(tu_rng *rng) {
+  for (int t = PA_F32; t <= PA_FP8_E5M2; t++) {
+    /* A small device pool and a larger host pool of the same geometry. */
+    pa_kv_cache dev = make_cache(10, 16, 4, 32, (pa_dtype)t, 0.75f, 2.0f);
+    pa_kv_cache host = make_cache(25, 16, 4, 32, (pa_dtype)t, 0.75f, 2.0f);
+    pa_kv_cache *all[2] = {&dev, &host};
+    unsigned char *img[2][2];
+    for (int i = 0; i < 2; i++) {
+      size_t bytes = hx_cache_bytes(all[i]);
+      tu_fill_random_bytes(rng, all[i]->key, bytes);
+      tu_fill_random_bytes(rng, all[i]->value, bytes);
+      img[i][0] = tu_malloc(bytes);
+      img[i][1] = tu_malloc(bytes);
+      memcpy(img[i][0], all[i]->key, bytes);
+      memcpy(img[i][1], all[i]->value, bytes);
+    }
+    /* Out to the host pool (24 twice: the later pair wins), then back in. */
+    int64_t out[2 * 6] = {0, 24, 3, 11, 9, 0, 3, 24, 5, 12, 6, 13};
+    int64_t in[2 * 4] = {24, 1, 11, 2, 0, 9, 13, 9};
+    char tag[64];
+    snprintf(tag, sizeof tag, "pa_swap_blocks %s out", pa_dtype_name((pa_dtype)t));
+    apply_pairs(&dev, img[0][0], img[0][1], img[1][0], img[1][1], out, 6);
+    pa_status st = pa_swap_blocks(g_ctx3, &dev, &host, out, 6);
+    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    compare_bytes(tag, &host, img[1][0], img[1][1]);
+    compare_bytes("pa_swap_blocks leaves its source alone", &dev, img[0][0], img[0][1]);
+
+    snprintf(tag, sizeof tag, "pa_swap_blocks %s in", pa_dtype_name((pa_dtype)t));
+    apply_pairs(&host, img[1][0], img[1][1], img[0][0], img[0][1], in, 4);
+    st = pa_swap_blocks(g_ctx1, &host, &dev, in, 4);
+    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    compare_bytes(tag, &dev, img[0][0], img[0][1]);
+    compare_bytes("pa_swap_blocks leaves its source alone", &host, img[1][0], img[1][1]);
+
+    st = pa_swap_blocks(g_ctx1, &host, &dev, in, 0);
+    TU_CHECK(st == PA_OK, "pa_swap_blocks with no pairs: %s", pa_last_error());
+    compare_bytes("pa_swap_blocks without pairs", &dev, img[0][0], img[0][1]);
+    for (int i = 0; i < 2; i++) {
+      free(img[i][0]);
+      free(img[i][1]);
+      free_cache(all[i]);
+    }
+  }
+}
+
+/* Many large blocks, so that a context has something to split. */
+static void test_big_copy(tu_rng *rng) {
+  pa_kv_cache c = make_cache(64, 16, 8, 128, PA_BF16, 1, 1);
+  size_t bytes = hx_cache_bytes(&c);
+  tu_fill_random_bytes(rng, c.key, bytes);
+  tu_fill_random_bytes(rng, c.value, bytes);
+  unsigned char *k = tu_malloc(bytes), *v = tu_malloc(bytes);
+  memcpy(k, c.key, bytes);
+  memcpy(v, c.value, bytes);
+  int64_t pairs[2 * 32];
+  for (int i = 0; i < 32; i++) {
+    pairs[2 * i] = i;
+    pairs[2 * i + 1] = 32 + (i * 7) % 32;
+  }
+  apply_pairs(&c, k, v, k, v, pairs, 32);
+  pa_status st = pa_copy_blocks(g_ctx3, &c, 1, pairs, 32);
+  TU_CHECK(st == PA_OK, "big pa_copy_blocks: %s", pa_last_error());
+  compare_bytes("big pa_copy_blocks", &c, k, v);
+  free(k);
+  free(v);
+  free_cache(&c);
+}
+
+int main(int argc, char **argv) {
+  uint64_t seed = tu_seed_from_args(argc, argv, 777);
+  if (pa_context_create(1, &g_ctx1) != PA_OK || pa_context_create(3, &g_ctx3) != PA_OK) {
+    fprintf(stderr, "pa_context_create: %s\n", pa_last_error());
+    return 1;
+  }
+  printf("test_kv_cache: seed %llu, isa %s\n", (unsigned long long)seed, pa_context_isa(g_ctx1));
+  double t0 = tu_now();
+  tu_rng rng;
+  tu_rng_seed(&rng, seed);
+  test_write_conversions(&rng);
+  test_write_order();
+  test_copy_blocks(&rng);
+  test_swap_blocks(&rng);
+  test_big_copy(&rng);
+  pa_context_destroy(g_ctx1);
+  pa_context_destroy(g_ctx3);
+  printf("test_kv_cache: %.2f s; fp8 elements matching only x * (1 / scale): %ld\n", tu_now() - t0,
+         hx_alt_matches);
+  return tu_finish("test_kv_cache");
+}
