@@ -74,16 +74,14 @@ PA_DEFINE_QK_PV(bf16, PA_BF16)
 PA_DEFINE_QK_PV(e4m3, PA_FP8_E4M3)
 PA_DEFINE_QK_PV(e5m2, PA_FP8_E5M2)
 
-/* Visible columns of row i in this tile, as [*lo, *hi) clamped to [0, n). */
+/* Visible columns of row i in this tile, as [*lo, *hi) within [0, n). */
 static void visible_columns(const pa_softmax_tile *t, size_t i, size_t *lo, size_t *hi) {
   *lo = 0;
   *hi = t->n;
   if (!t->key_lo) return;
-  int64_t first = t->key_lo[i] - t->first_key;
-  int64_t last = t->key_hi[i] - t->first_key;
-  first = PA_MAX(first, 0);
-  last = PA_MIN(last, (int64_t)t->n);
-  if (last < first) last = first;
+  int64_t n = (int64_t)t->n;
+  int64_t first = PA_MIN(PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0), n);
+  int64_t last = PA_MIN(PA_MAX((int64_t)t->key_hi[i] - t->first_key, first), n);
   *lo = (size_t)first;
   *hi = (size_t)last;
 }

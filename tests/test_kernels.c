@@ -1,0 +1,400 @@
+/* Micro-kernel unit tests: every entry of every vector kernel family this
+ * machine runs (avx2, avx512 with or without AVX512-BF16) against the scalar
+ * family, which is the specification. Shapes cover vector tails: head sizes
+ * and key counts that are not multiples of 8, 16 or 32, single rows, and
+ * rows spread over scattered, misaligned memory.
+ *
+ * Conversions must match the scalar kernels bit for bit; dot products and
+ * sums may differ only by f32 summation order, bounded by a relative
+ * tolerance on the sum of absolute terms. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch.h"
+#include "kernels/codecs.h"
+#include "test_util.h"
+
+static const char *g_family;
+
+#define CHECK(cond, fmt, ...) TU_CHECK(cond, "[%s] " fmt, g_family, __VA_ARGS__)
+
+static const size_t g_heads[] = {1, 3, 8, 15, 16, 17, 31, 32, 33, 64, 79, 80, 128, 130, 256};
+static const size_t g_keys[] = {1, 2, 3, 5, 15, 16, 17, 33, 63, 64};
+static const size_t g_rows[] = {1, 2, 3, 4, 5, 6, 7, 9, 13, 16, 17};
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Random values of a dtype, as bytes, finite (no NaN/inf codes). */
+static void random_elements(tu_rng *rng, pa_dtype dtype, void *out, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float x = (float)tu_range(rng, -2.0, 2.0);
+    switch (dtype) {
+      case PA_F32: ((float *)out)[i] = x; break;
+      case PA_F16: ((uint16_t *)out)[i] = pa_f32_to_f16(x); break;
+      case PA_BF16: ((uint16_t *)out)[i] = pa_f32_to_bf16(x); break;
+      case PA_FP8_E4M3: ((uint8_t *)out)[i] = pa_f32_to_e4m3(x * 100.0f); break;
+      case PA_FP8_E5M2: ((uint8_t *)out)[i] = pa_f32_to_e5m2(x * 100.0f); break;
+    }
+  }
+}
+
+static float element(pa_dtype dtype, const void *row, size_t e) {
+  switch (dtype) {
+    case PA_F32: return ((const float *)row)[e];
+    case PA_F16: return pa_f16_to_f32(((const uint16_t *)row)[e]);
+    case PA_BF16: return pa_bf16_to_f32(((const uint16_t *)row)[e]);
+    case PA_FP8_E4M3: return pa_e4m3_to_f32(((const uint8_t *)row)[e]);
+    case PA_FP8_E5M2: return pa_e5m2_to_f32(((const uint8_t *)row)[e]);
+  }
+  return 0.0f;
+}
+
+/* n rows of d elements, each in its own allocation at an odd offset, so
+ * kernels cannot assume contiguity or alignment beyond the element's. */
+typedef struct rows {
+  void *block;
+  const void *ptr[64];
+} rows;
+
+static void make_rows(tu_rng *rng, rows *r, pa_dtype dtype, size_t n, size_t d) {
+  size_t size = pa_dtype_size(dtype), stride = (d + 7) * size + 64;
+  r->block = malloc(stride * n + 64);
+  for (size_t j = 0; j < n; j++) {
+    char *row = (char *)r->block + j * stride + size * (size_t)(size_t)tu_int(rng, 0, (int)(7) - 1);
+    random_elements(rng, dtype, row, d);
+    r->ptr[j] = row;
+  }
+}
+
+static double rel_close(double got, double want, double scale, double tol) {
+  return fabs(got - want) <= tol * scale + 1e-30;
+}
+
+static const pa_dtype g_dtypes[] = {PA_F32, PA_F16, PA_BF16, PA_FP8_E4M3, PA_FP8_E5M2};
+
+/* ------------------------------------------------------------------------ */
+
+static int same_bits(const void *a, const void *b, size_t size) { return memcmp(a, b, size) == 0; }
+
+/* Inputs that exercise rounding: random values, exact midpoints between
+ * narrow-format neighbours, subnormals, zeros, overflow, inf and NaN. */
+static float tricky_float(tu_rng *rng, size_t i) {
+  static const float special[] = {0.0f,   -0.0f,  65504.0f, 65520.0f, 70000.0f, 1e-8f,     -3e-39f,
+                                  448.0f, 464.0f, 57344.0f, 1e30f,    INFINITY, -INFINITY, NAN};
+  if (i % 5 == 0) return special[(i / 5) % COUNT(special)];
+  uint32_t bits = (uint32_t)tu_next(rng);
+  if (i % 5 == 1) bits = (bits & 0xffff0000u) | 0x8000u; /* a bf16 midpoint */
+  if (i % 5 == 2) bits = (bits & 0xffffe000u) | 0x1000u; /* an f16 midpoint */
+  if (i % 5 == 3) bits &= 0xbfffffffu;                   /* moderate exponents */
+  return pa_f32_from_bits(bits);
+}
+
+static void test_conversions(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
+  enum { N = 203 };
+  float in[N], got_f[N], want_f[N];
+  uint8_t src[N * 4], got[N * 4], want[N * 4];
+  for (size_t n = 1; n <= N; n += (n < 40 ? 1 : 37)) {
+    for (size_t i = 0; i < n; i++) in[i] = tricky_float(rng, i);
+    for (int a = 0; a < PA_NUM_ACT_DTYPES; a++) {
+      size_t size = pa_dtype_size((pa_dtype)a);
+      for (size_t i = 0; i < n * size; i++) src[i] = (uint8_t)tu_next(rng);
+      k->load_row[a](got_f, src, n, 0.75f);
+      s->load_row[a](want_f, src, n, 0.75f);
+      CHECK(same_bits(got_f, want_f, n * 4), "load_row[%s] n=%zu", pa_dtype_name(a), n);
+      k->store_row[a](got, in, n, 1.5f);
+      s->store_row[a](want, in, n, 1.5f);
+      CHECK(same_bits(got, want, n * size), "store_row[%s] n=%zu", pa_dtype_name(a), n);
+    }
+    for (int c = 0; c < PA_NUM_DTYPES; c++) {
+      size_t size = pa_dtype_size((pa_dtype)c);
+      k->encode_row[c](got, in, n, 0.37f);
+      s->encode_row[c](want, in, n, 0.37f);
+      CHECK(same_bits(got, want, n * size), "encode_row[%s] n=%zu", pa_dtype_name(c), n);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* Direct (decode) S = Q K^T against the scalar kernel, f32 Q. */
+static void test_qk_pv(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
+  for (size_t di = 0; di < COUNT(g_heads); di++) {
+    size_t d = g_heads[di];
+    for (size_t t = 0; t < 6; t++) {
+      pa_dtype dtype = g_dtypes[t % COUNT(g_dtypes)];
+      size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))],
+             n = g_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_keys) - 1))];
+      rows kr, vr;
+      make_rows(rng, &kr, dtype, n, d);
+      make_rows(rng, &vr, dtype, n, d);
+      size_t ldq = d + 3, lds = 70, ldo = d + 5;
+      float *q = malloc(m * ldq * 4), *got = malloc(m * lds * 4), *want = malloc(m * lds * 4);
+      float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4), rescale[17];
+      for (size_t i = 0; i < m * ldq; i++) q[i] = (float)tu_range(rng, -1, 1);
+      k->qk[dtype](m, n, d, q, ldq, kr.ptr, got, lds, NULL);
+      s->qk[dtype](m, n, d, q, ldq, kr.ptr, want, lds, NULL);
+      for (size_t i = 0; i < m; i++) {
+        for (size_t j = 0; j < n; j++) {
+          double scale = 0;
+          for (size_t e = 0; e < d; e++)
+            scale += fabs(q[i * ldq + e] * element(dtype, kr.ptr[j], e));
+          CHECK(rel_close(got[i * lds + j], want[i * lds + j], scale, 1e-5),
+                "qk[%s] m=%zu n=%zu d=%zu S[%zu][%zu] %g vs %g", pa_dtype_name(dtype), m, n, d, i,
+                j, got[i * lds + j], want[i * lds + j]);
+        }
+      }
+      /* P V with a random P (some zeros, as masked keys give) and rescale. */
+      for (size_t i = 0; i < m; i++) {
+        rescale[i] = (size_t)tu_int(rng, 0, (int)(3) - 1) ? (float)tu_range(rng, 0, 1) : 1.0f;
+        for (size_t j = 0; j < n; j++)
+          got[i * lds + j] =
+              (size_t)tu_int(rng, 0, (int)(4) - 1) ? (float)tu_range(rng, 0, 1) : 0.0f;
+        for (size_t e = 0; e < ldo; e++)
+          o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
+      }
+      const float *scales = (size_t)tu_int(rng, 0, (int)(2) - 1) ? rescale : NULL;
+      k->pv[dtype](m, n, d, got, lds, vr.ptr, o_got, ldo, scales, NULL);
+      s->pv[dtype](m, n, d, got, lds, vr.ptr, o_want, ldo, scales, NULL);
+      for (size_t i = 0; i < m; i++) {
+        for (size_t e = 0; e < ldo; e++) {
+          double scale = fabs(o_want[i * ldo + e]) + 1;
+          for (size_t j = 0; j < n && e < d; j++)
+            scale += fabs(got[i * lds + j] * element(dtype, vr.ptr[j], e));
+          int inside = e < d;
+          CHECK(inside ? rel_close(o_got[i * ldo + e], o_want[i * ldo + e], scale, 1e-5)
+                       : o_got[i * ldo + e] == o_want[i * ldo + e],
+                "pv[%s] m=%zu n=%zu d=%zu O[%zu][%zu] %g vs %g%s", pa_dtype_name(dtype), m, n, d, i,
+                e, o_got[i * ldo + e], o_want[i * ldo + e], inside ? "" : " (past d)");
+        }
+      }
+      free(kr.block), free(vr.block), free(q), free(got), free(want), free(o_got), free(o_want);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* Weights are 2^(x - max) with |x| up to ~70 here: one rounding of x more or
+ * less (the vector kernels fold log2(e) into the score scale) moves a weight
+ * by up to ln2 * ulp(70) ~ 5e-6 relative, hence 1e-5. */
+static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
+  enum { M = 19, LDS = 72 };
+  for (int round = 0; round < 300; round++) {
+    size_t m = 1 + (size_t)tu_int(rng, 0, (int)(M)-1),
+           n = 1 + (size_t)tu_int(rng, 0, (int)(64) - 1);
+    float got[M * LDS], want[M * LDS], alibi[M];
+    float max_got[M], max_want[M], sum_got[M], sum_want[M], res_got[M], res_want[M];
+    int32_t position[M], lo[M], hi[M];
+    int64_t first = (int64_t)(size_t)tu_int(rng, 0, (int)(1000) - 1);
+    int masked = (size_t)tu_int(rng, 0, (int)(2) - 1);
+    for (size_t i = 0; i < m; i++) {
+      for (size_t j = 0; j < LDS; j++)
+        got[i * LDS + j] = want[i * LDS + j] = (float)tu_range(rng, -30, 30);
+      alibi[i] = (float)tu_range(rng, 0, 0.5);
+      position[i] = (int32_t)(first + (int64_t)(size_t)tu_int(rng, 0, (int)(80) - 1));
+      lo[i] = (int32_t)(first + (int64_t)(size_t)tu_int(rng, 0, (int)(70) - 1)) - 4;
+      hi[i] = lo[i] + (int32_t)(size_t)tu_int(rng, 0, (int)(80) - 1) - 8; /* sometimes empty */
+      int fresh = (size_t)tu_int(rng, 0, (int)(3) - 1) == 0;
+      max_got[i] = max_want[i] = fresh ? -INFINITY : (float)tu_range(rng, -20, 40);
+      sum_got[i] = sum_want[i] = fresh ? 0.0f : (float)tu_range(rng, 1, 9);
+    }
+    pa_softmax_tile t = {
+        .m = m,
+        .n = n,
+        .first_key = first,
+        .score_scale = (float)tu_range(rng, 0.05, 1.5),
+        .soft_cap = (size_t)tu_int(rng, 0, (int)(3) - 1) == 0 ? (float)tu_range(rng, 5, 50) : 0.0f,
+        .alibi = (size_t)tu_int(rng, 0, (int)(3) - 1) == 0 ? alibi : NULL,
+        .position = position,
+        .key_lo = masked ? lo : NULL,
+        .key_hi = hi,
+    };
+    pa_softmax_tile tg = t, tw = t;
+    tg.row_max = max_got, tg.row_sum = sum_got, tg.rescale = res_got;
+    tw.row_max = max_want, tw.row_sum = sum_want, tw.rescale = res_want;
+    k->softmax(&tg, got, LDS);
+    s->softmax(&tw, want, LDS);
+    for (size_t i = 0; i < m; i++) {
+      /* A soft cap's tanh is an approximation good to a few ulps of the cap. */
+      double max_scale = fabs(max_want[i]) + 1.0 + 2.0 * t.soft_cap;
+      CHECK(max_got[i] == max_want[i] || rel_close(max_got[i], max_want[i], max_scale, 2e-6),
+            "softmax row_max[%zu] %g vs %g", i, max_got[i], max_want[i]);
+      CHECK(rel_close(res_got[i], res_want[i], 1, 1e-5), "softmax rescale[%zu] %g vs %g", i,
+            res_got[i], res_want[i]);
+      CHECK(rel_close(sum_got[i], sum_want[i], fabs(sum_want[i]) + 1e-30, 1e-5),
+            "softmax row_sum[%zu] %g vs %g", i, sum_got[i], sum_want[i]);
+      for (size_t j = 0; j < n; j++) {
+        CHECK(rel_close(got[i * LDS + j], want[i * LDS + j], 1, 1e-5),
+              "softmax P[%zu][%zu] %g vs %g (m=%zu n=%zu cap=%g alibi=%d mask=%d)", i, j,
+              got[i * LDS + j], want[i * LDS + j], m, n, (double)t.soft_cap, t.alibi != NULL,
+              masked);
+      }
+      for (size_t j = n; j < LDS; j++) {
+        CHECK(got[i * LDS + j] == want[i * LDS + j],
+              "softmax wrote S[%zu][%zu] past n=%zu: %g vs %g (m=%zu masked=%d lo=%d hi=%d "
+              "first=%lld max=%g)",
+              i, j, n, got[i * LDS + j], want[i * LDS + j], m, masked, (int)lo[i], (int)hi[i],
+              (long long)first, max_want[i]);
+      }
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* Packed tiles: each family packs in its own layout, so compare the
+ * results of pack + qk_packed and pack + pv_packed with the scalar ones. */
+static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act, pa_dtype cache,
+                        tu_rng *rng) {
+  for (size_t di = 0; di < COUNT(g_heads); di++) {
+    size_t d = g_heads[di], n = g_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_keys) - 1))];
+    size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))], ldq = d + 2,
+           lds = PA_PACK_KEYS + 3, ldo = d + 1;
+    rows kr, vr;
+    make_rows(rng, &kr, cache, n, d);
+    make_rows(rng, &vr, cache, n, d);
+    void *q_act = malloc(m * ldq * 4), *q_k = malloc(m * ldq * 4), *q_s = malloc(m * ldq * 4);
+    void *kp = malloc(pa_packed_bytes(d)), *sp = malloc(pa_packed_bytes(d));
+    float *got = malloc(m * lds * 4), *want = malloc(m * lds * 4);
+    float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4), rescale[17];
+    random_elements(rng, act, q_act, m * ldq);
+    size_t act_size = pa_dtype_size(act);
+    for (size_t i = 0; i < m; i++) {
+      k->load_q((char *)q_k + i * ldq * k->q_size, (char *)q_act + i * ldq * act_size, d, 1.0f);
+      s->load_q((char *)q_s + i * ldq * s->q_size, (char *)q_act + i * ldq * act_size, d, 1.0f);
+    }
+    k->pack_k(kp, kr.ptr, n, d);
+    s->pack_k(sp, kr.ptr, n, d);
+    k->qk_packed(m, n, d, q_k, ldq, kp, got, lds);
+    s->qk_packed(m, n, d, q_s, ldq, sp, want, lds);
+    for (size_t i = 0; i < m; i++) {
+      for (size_t j = 0; j < n; j++) {
+        double scale = 0;
+        for (size_t e = 0; e < d; e++) {
+          scale += fabs(element(act, (char *)q_act + i * ldq * act_size, e) *
+                        element(cache, kr.ptr[j], e));
+        }
+        CHECK(rel_close(got[i * lds + j], want[i * lds + j], scale, 1e-5),
+              "qk_packed[%s,%s] m=%zu n=%zu d=%zu S[%zu][%zu] %g vs %g", pa_dtype_name(act),
+              pa_dtype_name(cache), m, n, d, i, j, got[i * lds + j], want[i * lds + j]);
+      }
+    }
+    /* P rounded to bf16 first: a bf16 P V kernel rounds it, the scalar one does not. */
+    for (size_t i = 0; i < m; i++) {
+      rescale[i] = (size_t)tu_int(rng, 0, (int)(2) - 1) ? (float)tu_range(rng, 0, 1) : 1.0f;
+      for (size_t j = 0; j < n; j++) {
+        float p = (size_t)tu_int(rng, 0, (int)(4) - 1) ? (float)tu_range(rng, 0, 1) : 0.0f;
+        got[i * lds + j] = pa_bf16_to_f32(pa_f32_to_bf16(p));
+      }
+      for (size_t e = 0; e < ldo; e++)
+        o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
+    }
+    k->pack_v(kp, vr.ptr, n, d);
+    s->pack_v(sp, vr.ptr, n, d);
+    k->pv_packed(m, n, d, got, lds, kp, o_got, ldo, rescale);
+    s->pv_packed(m, n, d, got, lds, sp, o_want, ldo, rescale);
+    for (size_t i = 0; i < m; i++) {
+      for (size_t e = 0; e < ldo; e++) {
+        double scale = fabs(o_want[i * ldo + e]) + 1;
+        for (size_t j = 0; j < n && e < d; j++)
+          scale += fabs(got[i * lds + j] * element(cache, vr.ptr[j], e));
+        CHECK(e < d ? rel_close(o_got[i * ldo + e], o_want[i * ldo + e], scale, 1e-5)
+                    : o_got[i * ldo + e] == o_want[i * ldo + e],
+              "pv_packed[%s,%s] m=%zu n=%zu d=%zu O[%zu][%zu] %g vs %g", pa_dtype_name(act),
+              pa_dtype_name(cache), m, n, d, i, e, o_got[i * ldo + e], o_want[i * ldo + e]);
+      }
+    }
+    free(kr.block), free(vr.block), free(q_act), free(q_k), free(q_s), free(kp), free(sp);
+    free(got), free(want), free(o_got), free(o_want);
+  }
+}
+
+/* The direct kernels of an (activation, cache) pair whose Q is not f32 (the
+ * bf16 dot-product kernels): against the scalar f32 kernels on the same Q
+ * values and on P rounded to bf16. */
+static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dtype act,
+                               pa_dtype cache, tu_rng *rng) {
+  for (size_t di = 0; di < COUNT(g_heads); di++) {
+    size_t d = g_heads[di], n = g_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_keys) - 1))];
+    size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))], ldq = d + 4, lds = 71,
+           ldo = d + 3;
+    rows kr, vr;
+    make_rows(rng, &kr, cache, n, d);
+    make_rows(rng, &vr, cache, n, d);
+    size_t act_size = pa_dtype_size(act);
+    void *q_act = malloc(m * ldq * act_size), *q_k = malloc(m * ldq * k->q_size);
+    float *q_f = malloc(m * ldq * 4), *got = malloc(m * lds * 4), *want = malloc(m * lds * 4);
+    float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4);
+    random_elements(rng, act, q_act, m * ldq);
+    for (size_t i = 0; i < m; i++) {
+      k->load_q((char *)q_k + i * ldq * k->q_size, (char *)q_act + i * ldq * act_size, d, 1.0f);
+      s->load_row[act](q_f + i * ldq, (char *)q_act + i * ldq * act_size, d, 1.0f);
+    }
+    k->qk(m, n, d, q_k, ldq, kr.ptr, got, lds, NULL);
+    s->qk[cache](m, n, d, q_f, ldq, kr.ptr, want, lds, NULL);
+    for (size_t i = 0; i < m; i++) {
+      for (size_t j = 0; j < n; j++) {
+        double scale = 0;
+        for (size_t e = 0; e < d; e++)
+          scale += fabs(q_f[i * ldq + e] * element(cache, kr.ptr[j], e));
+        CHECK(rel_close(got[i * lds + j], want[i * lds + j], scale, 1e-5),
+              "qk[%s,%s] m=%zu n=%zu d=%zu S[%zu][%zu] %g vs %g", pa_dtype_name(act),
+              pa_dtype_name(cache), m, n, d, i, j, got[i * lds + j], want[i * lds + j]);
+      }
+    }
+    for (size_t i = 0; i < m; i++) {
+      for (size_t j = 0; j < n; j++) {
+        got[i * lds + j] = pa_bf16_to_f32(pa_f32_to_bf16((float)tu_range(rng, 0, 1)));
+      }
+      for (size_t e = 0; e < ldo; e++)
+        o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
+    }
+    k->pv(m, n, d, got, lds, vr.ptr, o_got, ldo, NULL, NULL);
+    s->pv[cache](m, n, d, got, lds, vr.ptr, o_want, ldo, NULL, NULL);
+    for (size_t i = 0; i < m; i++) {
+      for (size_t e = 0; e < d; e++) {
+        double scale = fabs(o_want[i * ldo + e]) + 1;
+        for (size_t j = 0; j < n; j++)
+          scale += fabs(got[i * lds + j] * element(cache, vr.ptr[j], e));
+        CHECK(rel_close(o_got[i * ldo + e], o_want[i * ldo + e], scale, 1e-5),
+              "pv[%s,%s] m=%zu n=%zu d=%zu O[%zu][%zu] %g vs %g", pa_dtype_name(act),
+              pa_dtype_name(cache), m, n, d, i, e, o_got[i * ldo + e], o_want[i * ldo + e]);
+      }
+    }
+    free(kr.block), free(vr.block), free(q_act), free(q_k), free(q_f), free(got), free(want);
+    free(o_got), free(o_want);
+  }
+}
+
+static void test_family(pa_isa isa, const pa_kernels *scalar, tu_rng *rng) {
+  pa_kernels k;
+  pa_kernels_build(isa, &k);
+  g_family = pa_isa_name(isa);
+  test_conversions(&k, scalar, rng);
+  test_qk_pv(&k, scalar, rng);
+  test_softmax(&k, scalar, rng);
+  for (int a = 0; a < PA_NUM_ACT_DTYPES; a++) {
+    for (int c = 0; c < PA_NUM_DTYPES; c++) {
+      const pa_attn_ops *ops = &k.attn[a][c];
+      test_packed(ops, &scalar->attn[a][c], (pa_dtype)a, (pa_dtype)c, rng);
+      if (ops->q_size != sizeof(float))
+        test_narrow_direct(ops, scalar, (pa_dtype)a, (pa_dtype)c, rng);
+    }
+  }
+  printf("test_kernels: %s family checked against scalar\n", g_family);
+}
+
+int main(int argc, char **argv) {
+  uint64_t seed = tu_seed_from_args(argc, argv, 20261129);
+  tu_rng rng;
+  tu_rng_seed(&rng, seed);
+  printf("test_kernels: seed %llu (PA_TEST_SEED=%llu reproduces a run)\n", (unsigned long long)seed,
+         (unsigned long long)seed);
+  pa_kernels scalar;
+  pa_kernels_build(PA_ISA_SCALAR, &scalar);
+  pa_isa best = pa_isa_detect();
+  if (best == PA_ISA_SCALAR) printf("test_kernels: no vector family on this CPU\n");
+  for (int isa = PA_ISA_AVX2; isa <= (int)best; isa++) test_family((pa_isa)isa, &scalar, &rng);
+  return tu_finish("test_kernels");
+}
