@@ -12,6 +12,10 @@
 /* Below this many bytes a single task is cheaper than waking the pool. */
 enum { PA_PARALLEL_COPY_BYTES = 1 << 16, PA_CONVERT_CHUNK = 256 };
 
+/* The most int64_t entries an index array (slot_mapping, block_pairs) can
+ * have: its bytes must be addressable. */
+#define PA_MAX_INDEX_ENTRIES ((int64_t)(PA_MIN((uint64_t)INT64_MAX, (uint64_t)SIZE_MAX) / 8))
+
 static int ranges_for(const pa_context *ctx, int64_t total_bytes) {
   return total_bytes < PA_PARALLEL_COPY_BYTES ? 1 : ctx->num_threads;
 }
@@ -83,6 +87,13 @@ pa_status pa_write_kv(pa_context *ctx, const pa_kv_cache *cache, const void *key
   if (status != PA_OK) return status;
   if (num_tokens < 0) {
     return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: num_tokens = %lld is negative", caller,
+                   (long long)num_tokens);
+  }
+  /* A count whose slot_mapping could not fit in memory is a lie the slot
+   * checks below would act on by reading past the caller's array. */
+  if (num_tokens > PA_MAX_INDEX_ENTRIES) {
+    return pa_fail(PA_ERR_INVALID_ARGUMENT,
+                   "%s: num_tokens = %lld makes slot_mapping larger than the address space", caller,
                    (long long)num_tokens);
   }
   if (num_tokens == 0) return PA_OK;
@@ -157,6 +168,11 @@ static void block_task(void *arg, size_t index, int thread) {
 static pa_status check_pairs_shape(const int64_t *pairs, int64_t num_pairs, const char *caller) {
   if (num_pairs < 0) {
     return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: num_pairs = %lld is negative", caller,
+                   (long long)num_pairs);
+  }
+  if (num_pairs > PA_MAX_INDEX_ENTRIES / 2) {
+    return pa_fail(PA_ERR_INVALID_ARGUMENT,
+                   "%s: num_pairs = %lld makes block_pairs larger than the address space", caller,
                    (long long)num_pairs);
   }
   if (num_pairs > 0 && !pairs) {
