@@ -4,7 +4,8 @@
 
 #include <math.h>
 #include <string.h>
-#include <stdlib.h>
+
+#include "kernels/prefetch.h"
 #ifndef PF_LOC
 #define PF_LOC 1
 #endif
@@ -64,9 +65,11 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
 
 /* Items with at least this many rows per KV head pack each K/V tile once
  * for all of them; fewer rows read the cache rows directly. */
-enum { PA_PACKED_MIN_ROWS = 16 };
+enum { PA_PACKED_MIN_ROWS = 16, PA_DIRECT_TILE = 32 };
 
 typedef struct pa_item_scratch {
+  const char **range_start;
+  size_t *range_bytes;
   void *q, *k_packed, *v_packed;
   float *o, *s, *row_max, *row_sum, *rescale, *alibi;
   int32_t *position, *key_lo, *key_hi;
@@ -79,6 +82,8 @@ static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
   pa_scratch_layout l =
       pa_scratch_layout_for(c->plan->max_rows, c->layer->head_size, c->plan->key_tile);
   pa_item_scratch s = {
+      (const char **)(base + l.range_start),
+      (size_t *)(base + l.range_bytes),
       base + l.q,
       base + l.k_packed,
       base + l.v_packed,
@@ -135,91 +140,148 @@ static void offset_rows(const void *const *rows, int64_t n, int64_t offset, cons
   for (int64_t i = 0; i < n; i++) out[i] = (const char *)rows[i] + offset;
 }
 
-static void attend_item(const pa_attention_call *c, const pa_plan_item *item, int thread) {
+/* The memory of keys [first, first + n) for the item's KV heads, as ranges
+ * in address order, K then V of each block: one range for all heads when
+ * the keys fill their block (the heads of a block are adjacent), one per
+ * head otherwise. Dense rows hold all heads of a key side by side. */
+static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, int64_t first,
+                          int64_t n, const char **start, size_t *bytes) {
+  const pa_kv_source *kv = &c->kv;
+  int64_t heads = item->kv_end - item->kv_begin, head0 = item->kv_begin * kv->head_bytes;
+  size_t count = 0;
+  if (!kv->block_tables) {
+    size_t width = (size_t)(heads * kv->head_bytes);
+    for (int64_t row = kv->row_starts[item->seq] + first, end = row + n; row < end; row++) {
+      start[count] = kv->key + row * kv->key_row_bytes + head0;
+      bytes[count++] = width;
+      start[count] = kv->value + row * kv->value_row_bytes + head0;
+      bytes[count++] = width;
+    }
+    return count;
+  }
+  const int32_t *table = kv->block_tables + item->seq * kv->block_table_stride;
+  for (int64_t key = first, end = first + n; key < end;) {
+    int64_t offset = key % kv->block_size, run = PA_MIN(kv->block_size - offset, end - key);
+    int64_t at = table[key / kv->block_size] * kv->block_bytes + head0;
+    int whole = run == kv->block_size;
+    for (int64_t h = 0; h < (whole ? 1 : heads); h++) {
+      int64_t from = at + h * kv->head_bytes + offset * kv->token_bytes;
+      size_t length = (size_t)(whole ? heads * kv->head_bytes : run * kv->token_bytes);
+      start[count] = kv->key + from;
+      bytes[count++] = length;
+      start[count] = kv->value + from;
+      bytes[count++] = length;
+    }
+    key += run;
+  }
+  return count;
+}
+
+/* Keys [first, first + n) for every KV head of the item. k_rows / v_rows
+ * hold the first head's rows; `spare` two sets for the others; `ahead` the
+ * next tile's memory, requested over this tile's kernel calls. */
+static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
+                        const pa_item_scratch *s, int64_t first, size_t n, const void **k_rows,
+                        const void **v_rows, const void **spare[2][2], pa_prefetch *ahead) {
   const pa_layer *layer = c->layer;
-  const pa_kernels *k = c->kernels;
-  pa_item_scratch s = carve_scratch(c, thread);
   size_t d = (size_t)layer->head_size, tile = (size_t)c->plan->key_tile;
+  size_t m = pa_item_rows(item), kv_count = (size_t)(item->kv_end - item->kv_begin);
+  size_t m_kv = m / kv_count;
+  int packed = m_kv >= PA_PACKED_MIN_ROWS;
+  int all_visible = 1;
+  for (size_t i = 0; i < m && all_visible; i++) {
+    all_visible = s->key_lo[i] <= first && s->key_hi[i] >= first + (int64_t)n;
+  }
+  size_t lines = 0;
+  for (size_t r = 0; r < ahead->count; r++)
+    lines += (ahead->bytes[r] + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
+  size_t share = (lines + 2 * kv_count - 1) / (2 * kv_count); /* per kernel call */
+
+  const void **k_tile = k_rows, **v_tile = v_rows;
+  for (size_t kv = 0; kv < kv_count; kv++) {
+    if (kv > 0) {
+      const void **const *set = spare[kv & 1];
+      offset_rows(k_rows, (int64_t)n, (int64_t)kv * c->kv.head_bytes, set[0]);
+      offset_rows(v_rows, (int64_t)n, (int64_t)kv * c->kv.head_bytes, set[1]);
+      k_tile = set[0];
+      v_tile = set[1];
+    }
+    size_t r0 = kv * m_kv;
+    const char *q = (const char *)s->q + r0 * d * c->ops->q_size;
+    float *o = s->o + r0 * d, *scores = s->s + r0 * tile;
+    ahead->budget = share;
+    ahead->issued = 0;
+    if (packed) { /* compute-bound: one burst per head is fine */
+      pa_prefetch_step(ahead, 0, 1, 1);
+      c->ops->pack_k(s->k_packed, k_tile, n, d);
+      c->ops->pack_v(s->v_packed, v_tile, n, d);
+      c->ops->qk_packed(m_kv, n, d, q, d, s->k_packed, scores, tile);
+    } else {
+      c->ops->qk(m_kv, n, d, q, d, k_tile, scores, tile, ahead);
+    }
+    pa_softmax_tile t = {
+        .m = m_kv,
+        .n = n,
+        .first_key = first,
+        .score_scale = c->ops->scale_scores ? c->q_factor : 1.0f,
+        .soft_cap = layer->soft_cap,
+        .alibi = layer->alibi ? s->alibi + r0 : NULL,
+        .position = s->position + r0,
+        .key_lo = all_visible ? NULL : s->key_lo + r0,
+        .key_hi = s->key_hi + r0,
+        .row_max = s->row_max + r0,
+        .row_sum = s->row_sum + r0,
+        .rescale = s->rescale + r0,
+    };
+    c->kernels->softmax(&t, scores, tile);
+    ahead->budget = share;
+    ahead->issued = 0;
+    if (packed) {
+      pa_prefetch_step(ahead, 0, 1, 1);
+      c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, o, d, s->rescale + r0);
+    } else {
+      c->ops->pv(m_kv, n, d, scores, tile, v_tile, o, d, s->rescale + r0, ahead);
+    }
+  }
+}
+
+static void attend_item(const pa_attention_call *c, const pa_plan_item *item, int thread) {
+  pa_item_scratch s = carve_scratch(c, thread);
+  size_t d = (size_t)c->layer->head_size, lds_tile = (size_t)c->plan->key_tile;
   int64_t lo, hi;
   size_t m = load_queries(c, item, &s, &lo, &hi);
-  size_t kv_count = (size_t)(item->kv_end - item->kv_begin), m_kv = m / kv_count;
-  int packed = m_kv >= PA_PACKED_MIN_ROWS;
+  /* Packed tiles are PA_PACK_KEYS wide; direct (decode) tiles are shorter,
+   * which keeps the data requested ahead close to where it is read. */
+  int packed = m / (size_t)(item->kv_end - item->kv_begin) >= PA_PACKED_MIN_ROWS;
+  size_t tile = packed ? lds_tile : PA_DIRECT_TILE;
   memset(s.o, 0, m * d * sizeof(float));
   for (size_t i = 0; i < m; i++) {
     s.row_max[i] = -INFINITY;
     s.row_sum[i] = 0.0f;
   }
 
-  /* Row pointers: the tile's for the first KV head, double-buffered so the
-   * next tile's are known while this one computes, and two sets for the
-   * other KV heads. Each kernel call prefetches what the next one reads. */
-  const void **k_rows[4], **v_rows[4];
-  for (int b = 0; b < 4; b++) {
-    k_rows[b] = s.k_rows + (size_t)b * tile;
-    v_rows[b] = s.v_rows + (size_t)b * tile;
-  }
-  int64_t row_bytes = (int64_t)(d * pa_dtype_size(c->kv.dtype));
+  /* Row pointers of the first KV head, double-buffered so the next tile's
+   * are known (and requested) while this one computes; two spare sets for
+   * the other KV heads. */
+  const void **k_rows[2] = {s.k_rows, s.k_rows + lds_tile},
+             **v_rows[2] = {s.v_rows, s.v_rows + lds_tile};
+  const void **spare[2][2] = {{s.k_rows + 2 * lds_tile, s.v_rows + 2 * lds_tile},
+                              {s.k_rows + 3 * lds_tile, s.v_rows + 3 * lds_tile}};
   int current = 0;
   if (lo < hi) {
     gather_tile_rows(&c->kv, item->seq, item->kv_begin, lo, PA_MIN((int64_t)tile, hi - lo),
                      k_rows[0], v_rows[0]);
   }
   for (int64_t first = lo; first < hi; first += (int64_t)tile, current ^= 1) {
-    size_t n = (size_t)PA_MIN((int64_t)tile, hi - first);
     int64_t next = first + (int64_t)tile, next_n = PA_MAX(PA_MIN((int64_t)tile, hi - next), 0);
+    pa_prefetch ahead = {.start = s.range_start, .bytes = s.range_bytes};
     if (next_n > 0) {
       gather_tile_rows(&c->kv, item->seq, item->kv_begin, next, next_n, k_rows[current ^ 1],
                        v_rows[current ^ 1]);
+      ahead.count = tile_ranges(c, item, next, next_n, s.range_start, s.range_bytes);
     }
-    int all_visible = 1;
-    for (size_t i = 0; i < m && all_visible; i++) {
-      all_visible = s.key_lo[i] <= first && s.key_hi[i] >= first + (int64_t)n;
-    }
-    const void **k_tile = k_rows[current], **v_tile = v_rows[current];
-    for (size_t kv = 0; kv < kv_count; kv++) {
-      pa_prefetch k_next = {k_rows[current ^ 1], (size_t)next_n, (size_t)row_bytes};
-      pa_prefetch v_next = {v_rows[current ^ 1], (size_t)next_n, (size_t)row_bytes};
-      if (kv + 1 < kv_count) {
-        int b = 2 + (int)((kv + 1) & 1);
-        int64_t offset = (int64_t)(kv + 1) * c->kv.head_bytes;
-        offset_rows(k_rows[current], (int64_t)n, offset, k_rows[b]);
-        offset_rows(v_rows[current], (int64_t)n, offset, v_rows[b]);
-        k_next = (pa_prefetch){k_rows[b], n, (size_t)row_bytes};
-        v_next = (pa_prefetch){v_rows[b], n, (size_t)row_bytes};
-      }
-      size_t r0 = kv * m_kv;
-      const char *q = (const char *)s.q + r0 * d * c->ops->q_size;
-      float *o = s.o + r0 * d, *scores = s.s + r0 * tile;
-      if (packed) {
-        c->ops->pack_k(s.k_packed, k_tile, n, d);
-        c->ops->pack_v(s.v_packed, v_tile, n, d);
-        c->ops->qk_packed(m_kv, n, d, q, d, s.k_packed, scores, tile);
-      } else {
-        c->ops->qk(m_kv, n, d, q, d, k_tile, scores, tile, &k_next);
-      }
-      pa_softmax_tile t = {
-          .m = m_kv,
-          .n = n,
-          .first_key = first,
-          .score_scale = c->ops->scale_scores ? c->q_factor : 1.0f,
-          .soft_cap = layer->soft_cap,
-          .alibi = layer->alibi ? s.alibi + r0 : NULL,
-          .position = s.position + r0,
-          .key_lo = all_visible ? NULL : s.key_lo + r0,
-          .key_hi = s.key_hi + r0,
-          .row_max = s.row_max + r0,
-          .row_sum = s.row_sum + r0,
-          .rescale = s.rescale + r0,
-      };
-      k->softmax(&t, scores, tile);
-      if (packed) {
-        c->ops->pv_packed(m_kv, n, d, scores, tile, s.v_packed, o, d, s.rescale + r0);
-      } else {
-        c->ops->pv(m_kv, n, d, scores, tile, v_tile, o, d, s.rescale + r0, &v_next);
-      }
-      k_tile = (const void **)k_next.rows;
-      v_tile = (const void **)v_next.rows;
-    }
+    attend_tile(c, item, &s, first, (size_t)PA_MIN((int64_t)tile, hi - first), k_rows[current],
+                v_rows[current], spare, &ahead);
   }
 
   int64_t q_start = c->plan->q_starts[item->seq];

@@ -29,13 +29,15 @@ pa_isa pa_isa_detect(void) {
   return PA_ISA_AVX2;
 }
 
-/* The bf16 dot products (vdpbf16ps) are an extension within the avx512
- * family: used when present, never required. */
+/* The bf16 dot products (vdpbf16ps, with vpermi2b for FP8 lookups) are an
+ * extension within the avx512 family: used when present, never required. */
 static int has_avx512bf16(void) {
   unsigned eax, ebx, ecx, edx;
   if (pa_isa_detect() != PA_ISA_AVX512) return 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return 0;
+  int vbmi = (ecx >> 1) & 1;
   if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return 0;
-  return (eax >> 5) & 1;
+  return vbmi && ((eax >> 5) & 1);
 }
 #else
 pa_isa pa_isa_detect(void) { return PA_ISA_SCALAR; }
@@ -70,16 +72,28 @@ void pa_kernels_build(pa_isa isa, pa_kernels *kernels) {
     pa_convert_kernels_avx512(kernels);
     pa_attn_kernels_avx512(kernels);
     pa_prefill_kernels_avx512(kernels);
-    if (has_avx512bf16()) pa_attn_kernels_avx512bf16(kernels);
+    if (has_avx512bf16()) {
+      pa_attn_kernels_avx512bf16(kernels);
+      pa_prefill_kernels_avx512bf16(kernels);
+    }
   }
 #endif
   for (int act = 0; act < PA_NUM_ACT_DTYPES; act++) {
     for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
       pa_attn_ops *ops = &kernels->attn[act][cache];
-      if (ops->qk) continue;
-      *ops = (pa_attn_ops){kernels->load_row[act], sizeof(float),      0,
-                           kernels->qk[cache],     kernels->pv[cache], kernels->pack_k[cache],
-                           kernels->pack_v[cache], kernels->qk_packed, kernels->pv_packed};
+      if (!ops->qk) { /* the f32 path: Q converted and scaled, f32 kernels */
+        ops->load_q = kernels->load_row[act];
+        ops->q_size = sizeof(float);
+        ops->scale_scores = 0;
+        ops->qk = kernels->qk[cache];
+        ops->pv = kernels->pv[cache];
+      }
+      if (!ops->qk_packed) {
+        ops->pack_k = kernels->pack_k[cache];
+        ops->pack_v = kernels->pack_v[cache];
+        ops->qk_packed = kernels->qk_packed;
+        ops->pv_packed = kernels->pv_packed;
+      }
     }
   }
   kernels->isa = pa_isa_name(isa);

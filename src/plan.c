@@ -16,7 +16,7 @@ enum {
   /* Up to this many query rows per sequence (decode, speculative decoding)
    * go into one item, so the sequence's K/V are read once. */
   PA_DECODE_ROWS = 16,
-  PA_MIN_SPLIT_KEYS = 256,
+  PA_MIN_SPLIT_KEYS = 64,
   PA_MAX_SPLITS = 64,
   PA_ITEMS_PER_THREAD = 4,
   PA_SPLIT_ALIGN = 16,
@@ -48,6 +48,10 @@ pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_til
   PA_PLACE(merge, d * sizeof(float));
   PA_PLACE(k_packed, pa_packed_bytes(d));
   PA_PLACE(v_packed, pa_packed_bytes(d));
+  /* Prefetch ranges of a tile: two per key at most, plus one per KV head
+   * for the partial blocks at its two ends (an item has <= m KV heads). */
+  PA_PLACE(range_start, (2 * n + 4 * m) * sizeof(char *));
+  PA_PLACE(range_bytes, (2 * n + 4 * m) * sizeof(size_t));
 #undef PA_PLACE
   l.total = at;
   return l;

@@ -48,7 +48,7 @@ PA_INLINE void qk_block(const int rows, const int keys, pa256_loader load, size_
 
 PA_INLINE void qk_rows(const int rows, pa256_loader load, size_t elem, size_t n, size_t d,
                        const float *q, size_t ldq, const void *const *k_rows, float *s, size_t lds,
-                       const pa_prefetch *prefetch) {
+                       pa_prefetch *prefetch) {
   const int keys = 8 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
     size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
@@ -61,7 +61,7 @@ PA_INLINE void qk_rows(const int rows, pa256_loader load, size_t elem, size_t n,
 
 PA_INLINE void qk(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, const float *q,
                   size_t ldq, const void *const *k_rows, float *s, size_t lds,
-                  const pa_prefetch *prefetch) {
+                  pa_prefetch *prefetch) {
   size_t i = 0;
   for (; i + 4 <= m; i += 4)
     qk_rows(4, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
@@ -77,7 +77,7 @@ PA_INLINE void qk(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, 
 /* O[0..rows)[c0 .. c0 + 8 chunks) += P V; partial chunks go through a copy. */
 PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, size_t elem, size_t n,
                         size_t c0, size_t d, const float *p, size_t ldp, const void *const *v_rows,
-                        float *o, size_t ldo, const float *rescale, const pa_prefetch *prefetch) {
+                        float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   size_t count[4];
   __m256 acc[8];
   for (int c = 0; c < chunks; c++) {
@@ -114,7 +114,7 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, siz
 
 PA_INLINE void pv(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
                   size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
-                  const pa_prefetch *prefetch) {
+                  pa_prefetch *prefetch) {
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
     for (size_t c0 = 0; c0 < d; c0 += 16)
@@ -136,12 +136,12 @@ PA_INLINE void pv(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, 
 #define PA_DEFINE_QK_PV(suffix, loader, elem)                                                    \
   static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
                           const void *const *k_rows, float *s, size_t lds,                       \
-                          const pa_prefetch *prefetch) {                                         \
+                          pa_prefetch *prefetch) {                                               \
     qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                 \
   }                                                                                              \
   static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
                           const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
-                          const pa_prefetch *prefetch) {                                         \
+                          pa_prefetch *prefetch) {                                               \
     pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                        \
   }
 

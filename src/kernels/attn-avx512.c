@@ -30,16 +30,12 @@ PA_INLINE void qk_block(const int rows, const int keys, pa512_loader load, size_
         acc[r * keys + j] = _mm512_fmadd_ps(qv[r], kv, acc[r * keys + j]);
     }
   }
-  float sums[16];
-  _mm512_storeu_ps(sums, pa512_reduce16(acc));
-  for (int r = 0; r < rows; r++) {
-    for (size_t j = 0; j < keys_valid; j++) s[r * lds + j] = sums[r * keys + (int)j];
-  }
+  pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
 }
 
 PA_INLINE void qk_rows(const int rows, pa512_loader load, size_t elem, size_t n, size_t d,
                        const float *q, size_t ldq, const void *const *k_rows, float *s, size_t lds,
-                       const pa_prefetch *prefetch) {
+                       pa_prefetch *prefetch) {
   const int keys = 16 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
     size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
@@ -52,7 +48,7 @@ PA_INLINE void qk_rows(const int rows, pa512_loader load, size_t elem, size_t n,
 
 PA_INLINE void qk(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *q,
                   size_t ldq, const void *const *k_rows, float *s, size_t lds,
-                  const pa_prefetch *prefetch) {
+                  pa_prefetch *prefetch) {
   size_t i = 0;
   for (; i + 4 <= m; i += 4)
     qk_rows(4, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
@@ -68,7 +64,7 @@ PA_INLINE void qk(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, 
 /* O[0..rows)[c0 .. c0 + 16 chunks) += P V over n keys. */
 PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, size_t elem, size_t n,
                         size_t c0, size_t d, const float *p, size_t ldp, const void *const *v_rows,
-                        float *o, size_t ldo, const float *rescale, const pa_prefetch *prefetch) {
+                        float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   __mmask16 mask[8];
   __m512 acc[16];
   for (int c = 0; c < chunks; c++) {
@@ -98,7 +94,7 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, siz
 
 PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
                   size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
-                  const pa_prefetch *prefetch) {
+                  pa_prefetch *prefetch) {
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
     for (size_t c0 = 0; c0 < d; c0 += 64)
@@ -120,12 +116,12 @@ PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, 
 #define PA_DEFINE_QK_PV(suffix, loader, elem)                                                    \
   static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
                           const void *const *k_rows, float *s, size_t lds,                       \
-                          const pa_prefetch *prefetch) {                                         \
+                          pa_prefetch *prefetch) {                                               \
     qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                 \
   }                                                                                              \
   static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
                           const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
-                          const pa_prefetch *prefetch) {                                         \
+                          pa_prefetch *prefetch) {                                               \
     pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                        \
   }
 

@@ -57,13 +57,13 @@ static void pv(pa_dtype dtype, size_t m, size_t n, size_t d, const float *p, siz
 #define PA_DEFINE_QK_PV(suffix, dtype)                                                           \
   static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
                           const void *const *k_rows, float *s, size_t lds,                       \
-                          const pa_prefetch *prefetch) {                                         \
+                          pa_prefetch *prefetch) {                                               \
     (void)prefetch;                                                                              \
     qk(dtype, m, n, d, q, ldq, k_rows, s, lds);                                                  \
   }                                                                                              \
   static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
                           const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
-                          const pa_prefetch *prefetch) {                                         \
+                          pa_prefetch *prefetch) {                                               \
     (void)prefetch;                                                                              \
     pv(dtype, m, n, d, p, ldp, v_rows, o, ldo, rescale);                                         \
   }

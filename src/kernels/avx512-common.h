@@ -115,6 +115,24 @@ PA_INLINE __m512 pa512_reduce16(const __m512 *v) {
                        _mm512_shuffle_f32x4(oct[0], oct[1], 0xdd));
 }
 
+/* Stores a block of 16 dot products, lane r * (16 / rows) + j holding row
+ * r's key j, as rows x `valid` entries of S (leading dimension lds). */
+PA_INLINE void pa512_store_block(const int rows, __m512 sums, float *s, size_t lds, size_t valid) {
+  if (rows == 1) {
+    _mm512_mask_storeu_ps(s, pa512_tail_mask(valid), sums);
+  } else if (rows == 2) {
+    __mmask8 m = (__mmask8)pa512_tail_mask(valid);
+    _mm256_mask_storeu_ps(s, m, _mm512_castps512_ps256(sums));
+    _mm256_mask_storeu_ps(s + lds, m, _mm512_extractf32x8_ps(sums, 1));
+  } else {
+    __mmask8 m = (__mmask8)pa512_tail_mask(valid);
+    _mm_mask_storeu_ps(s, m, _mm512_castps512_ps128(sums));
+    _mm_mask_storeu_ps(s + lds, m, _mm512_extractf32x4_ps(sums, 1));
+    _mm_mask_storeu_ps(s + 2 * lds, m, _mm512_extractf32x4_ps(sums, 2));
+    _mm_mask_storeu_ps(s + 3 * lds, m, _mm512_extractf32x4_ps(sums, 3));
+  }
+}
+
 /* Transposes a 16 x 16 block of 32-bit elements held as 16 row vectors. */
 PA_INLINE void pa512_transpose16(__m512 r[16]) {
   __m512 t[16], u[16];

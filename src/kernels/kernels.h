@@ -22,13 +22,18 @@ typedef void (*pa_store_row_fn)(void *dst, const float *src, size_t n, float fac
 /* dst[i] = cache_dtype(src[i] / scale) for FP8, cache_dtype(src[i]) otherwise. */
 typedef void (*pa_encode_row_fn)(void *dst, const float *src, size_t n, float scale);
 
-/* The rows a kernel should ask the memory system for while it computes: the
- * rows the next kernel call will read. Requests spread through the compute
- * keep DRAM busy; a burst before or after it does not. */
+/* Memory a kernel asks for while it computes: the next tile's K and V, as
+ * address ranges in address order, and this call's share of their cache
+ * lines. Requests spread evenly through the compute keep DRAM busy; a burst
+ * before or after it does not. */
 typedef struct pa_prefetch {
-  const void *const *rows; /* NULL: nothing to prefetch */
-  size_t n;
-  size_t row_bytes;
+  const char *const *start; /* [count] range starts */
+  const size_t *bytes;      /* [count] range lengths */
+  size_t count;
+  size_t next;   /* the range being issued */
+  size_t offset; /* bytes of it already issued */
+  size_t budget; /* lines this call issues */
+  size_t issued; /* lines this call has issued */
 } pa_prefetch;
 
 /* S[i][j] = dot(Q[i], K[j]) for i < m, j < n over d elements. Q has leading
@@ -36,15 +41,14 @@ typedef struct pa_prefetch {
  * qk[] entries); K row j is k_rows[j], d elements of the cache dtype, stored
  * values (the FP8 scale is folded into the score factor). */
 typedef void (*pa_qk_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
-                         const void *const *k_rows, float *s, size_t lds,
-                         const pa_prefetch *prefetch);
+                         const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch);
 
 /* O[i][:] = O[i][:] * rescale[i] + sum_j P[i][j] * V[j][:] for i < m,
  * j < n over d columns (rescale NULL: 1). Rescaling here, where O is loaded
  * anyway, makes the online softmax's correction free. */
 typedef void (*pa_pv_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                          const void *const *v_rows, float *o, size_t ldo, const float *rescale,
-                         const pa_prefetch *prefetch);
+                         pa_prefetch *prefetch);
 
 /* One key tile's epilogue for m query rows, the online (streaming) softmax
  * in base 2. A raw score s becomes the logit x = s * score_scale, soft-capped
@@ -126,7 +130,7 @@ typedef struct pa_kernels {
   pa_pack_fn pack_v[PA_NUM_DTYPES];
   pa_qk_packed_fn qk_packed;
   pa_pv_packed_fn pv_packed;
-  /* By activation and cache dtype; pairs no family overrides get the f32
+  /* By activation and cache dtype; entries no family sets get the f32
    * path: load_row[act], qk[cache], pv[cache], pack_*[cache], *_packed. */
   pa_attn_ops attn[PA_NUM_ACT_DTYPES][PA_NUM_DTYPES];
 } pa_kernels;
@@ -159,6 +163,7 @@ void pa_convert_kernels_avx512(pa_kernels *k);
 void pa_attn_kernels_avx512(pa_kernels *k);
 void pa_prefill_kernels_avx512(pa_kernels *k);
 void pa_attn_kernels_avx512bf16(pa_kernels *k);
+void pa_prefill_kernels_avx512bf16(pa_kernels *k);
 #endif
 
 #endif

@@ -4,18 +4,27 @@
 
 #include "kernels.h"
 
-/* Requests the rows of `p` that belong to steps [step, step + count) of a
- * loop of `steps` steps: the rows are spread evenly, the last step takes the
- * rest. */
-static inline void pa_prefetch_step(const pa_prefetch *p, size_t step, size_t count, size_t steps) {
-  if (!p || !p->rows || steps == 0) return;
-  size_t begin = step * p->n / steps;
-  size_t end = step + count >= steps ? p->n : (step + count) * p->n / steps;
-  for (size_t i = begin; i < end; i++) {
-    const char *row = p->rows[i];
-    for (size_t at = 0; at < p->row_bytes; at += PA_CACHE_LINE) __builtin_prefetch(row + at, 0, 3);
-    __builtin_prefetch(row + p->row_bytes - 1, 0, 3);
+/* Issues the lines of `p`'s budget that belong to steps [step, step + count)
+ * of a loop of `steps` steps, continuing where the ranges were left. */
+static inline void pa_prefetch_step(pa_prefetch *p, size_t step, size_t count, size_t steps) {
+  if (!p || steps == 0) return;
+  size_t done = step + count >= steps ? steps : step + count;
+  size_t target = p->budget * done / steps;
+  if (p->issued >= target) return;
+  /* The cursor lives in locals here: through the pointer every update would
+   * be a store the compiler cannot drop. */
+  size_t next = p->next, offset = p->offset, issued = p->issued;
+  for (; issued < target && next < p->count; issued++) {
+    __builtin_prefetch(p->start[next] + offset, 0, 3);
+    offset += PA_CACHE_LINE;
+    if (offset >= p->bytes[next]) {
+      next++;
+      offset = 0;
+    }
   }
+  p->next = next;
+  p->offset = offset;
+  p->issued = issued;
 }
 
 #endif

@@ -1,0 +1,68 @@
+/* Building blocks of the AVX512-BF16 kernel files (compiled with the
+ * avx512 flags plus -mavx512bf16 -mavx512vbmi): bf16 and FP8 loads as bf16,
+ * the dot product, and P rows as bf16 pairs. */
+#ifndef PA_KERNELS_AVX512BF16_COMMON_H
+#define PA_KERNELS_AVX512BF16_COMMON_H
+
+#include "avx512-common.h"
+#include "kernels.h"
+
+enum { PA_PAIR_KEYS = 64 }; /* keys per P conversion */
+
+/* FP8 magnitudes (7 bits) as bf16 bits, filled by pa_bf16_tables_init(). */
+extern uint16_t pa_e4m3_bf16[128], pa_e5m2_bf16[128];
+void pa_bf16_tables_init(void);
+
+typedef struct pa_bf16_tables {
+  __m512i part[4];
+} pa_bf16_tables;
+
+PA_INLINE pa_bf16_tables load_tables(const uint16_t *table) {
+  pa_bf16_tables t;
+  for (int i = 0; i < 4; i++) t.part[i] = _mm512_loadu_si512(table + 32 * i);
+  return t;
+}
+
+PA_INLINE __mmask32 tail_mask32(size_t count) {
+  return count >= 32 ? 0xffffffffu : (__mmask32)((1u << count) - 1u);
+}
+
+/* 32 elements as bf16. Plain loads for full vectors (a masked load that
+ * misses the cache is slow here). */
+PA_INLINE __m512i load_bf16x32(const void *p, __mmask32 m, const pa_bf16_tables *t) {
+  (void)t;
+  return m == 0xffffffffu ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(m, p);
+}
+
+PA_INLINE __m512i load_fp8x32(const void *p, __mmask32 m, const pa_bf16_tables *t) {
+  __m256i bytes = m == 0xffffffffu ? _mm256_loadu_si256(p) : _mm256_maskz_loadu_epi8(m, p);
+  __m512i w = _mm512_cvtepu8_epi16(bytes);
+  __m512i low = _mm512_permutex2var_epi16(t->part[0], w, t->part[1]);  /* magnitudes 0..63 */
+  __m512i high = _mm512_permutex2var_epi16(t->part[2], w, t->part[3]); /* 64..127 */
+  __mmask32 upper = _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40));
+  __m512i magnitude = _mm512_mask_blend_epi16(upper, low, high);
+  __m512i sign = _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8);
+  return _mm512_or_si512(magnitude, sign);
+}
+
+typedef __m512i (*pa_bf16_loader)(const void *, __mmask32, const pa_bf16_tables *);
+
+PA_INLINE __m512 dot(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+/* P rows [0, rows) for keys [0, n), n <= 64, as bf16 pairs (zero-padded). */
+PA_INLINE void pack_pairs(int rows, size_t n, const float *p, size_t ldp,
+                          uint32_t (*pairs)[PA_PAIR_KEYS / 2]) {
+  for (int r = 0; r < rows; r++) {
+    for (size_t j = 0; j < PA_PAIR_KEYS; j += 32) {
+      size_t left = j < n ? n - j : 0;
+      __m512 a = _mm512_maskz_loadu_ps(pa512_tail_mask(left), p + r * ldp + j);
+      __m512 b =
+          _mm512_maskz_loadu_ps(pa512_tail_mask(left > 16 ? left - 16 : 0), p + r * ldp + j + 16);
+      _mm512_storeu_si512(&pairs[r][j / 2], (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+  }
+}
+
+#endif

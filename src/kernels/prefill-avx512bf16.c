@@ -1,0 +1,203 @@
+/* Packed-tile micro-kernels for prefill with AVX512-BF16 dot products: the
+ * bf16 pair layouts of kernels.h. K^T pairs come from a 16 x 16 transpose of
+ * 32-bit pairs; V pairs interleave two keys' rows word by word. */
+#include <string.h>
+
+#include "avx512bf16-common.h"
+
+/* K^T as pairs: each K row is d/2 pairs; transposing the (keys x pairs)
+ * matrix of 32-bit elements puts 16 keys' pair e next to each other. */
+PA_INLINE void pack_k_pairs(pa_bf16_loader load, size_t elem, const uint16_t *table, void *dst,
+                            const void *const *rows, size_t n, size_t d) {
+  pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
+  uint32_t *kt = dst;
+  size_t pairs = (d + 1) / 2;
+  for (size_t j0 = 0; j0 < PA_PACK_KEYS; j0 += 16) {
+    for (size_t e0 = 0; e0 < d; e0 += 32) {
+      __mmask32 m = tail_mask32(d - e0);
+      __m512 block[16];
+      for (size_t j = 0; j < 16; j++) {
+        block[j] =
+            j0 + j < n
+                ? _mm512_castsi512_ps(load((const char *)rows[j0 + j] + e0 * elem, m, &tables))
+                : _mm512_setzero_ps();
+      }
+      pa512_transpose16(block);
+      for (size_t p = 0; p < 16 && e0 / 2 + p < pairs; p++) {
+        _mm512_storeu_ps((float *)kt + (e0 / 2 + p) * PA_PACK_KEYS + j0, block[p]);
+      }
+    }
+  }
+}
+
+/* V as pairs of keys: word 2k of a pair vector is v_j[c + k], word 2k + 1
+ * is v_{j+1}[c + k], in column order. */
+static const int16_t pa_interleave_low[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                              37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                              11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+
+PA_INLINE void pack_v_pairs(pa_bf16_loader load, size_t elem, const uint16_t *table, void *dst,
+                            const void *const *rows, size_t n, size_t d) {
+  pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
+  uint32_t *v = dst;
+  size_t ldv = (d + 15) / 16 * 16;
+  const __m512i low = _mm512_loadu_si512(pa_interleave_low);
+  const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+  for (size_t j = 0; j < n; j += 2) {
+    for (size_t e = 0; e < d; e += 32) {
+      __mmask32 m = tail_mask32(d - e);
+      __m512i a = load((const char *)rows[j] + e * elem, m, &tables);
+      __m512i b = j + 1 < n ? load((const char *)rows[j + 1] + e * elem, m, &tables)
+                            : _mm512_setzero_si512();
+      uint32_t *out = v + (j / 2) * ldv + e;
+      _mm512_storeu_si512(out, _mm512_permutex2var_epi16(a, low, b));
+      if (e + 16 < ldv) _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(a, high, b));
+    }
+  }
+}
+
+#define PA_DEFINE_PACK(suffix, loader, elem, table)                                     \
+  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_k_pairs(loader, elem, table, dst, rows, n, d);                                 \
+  }                                                                                     \
+  static void pack_v_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_v_pairs(loader, elem, table, dst, rows, n, d);                                 \
+  }
+
+PA_DEFINE_PACK(bf16, load_bf16x32, 2, NULL)
+PA_DEFINE_PACK(e4m3, load_fp8x32, 1, pa_e4m3_bf16)
+PA_DEFINE_PACK(e5m2, load_fp8x32, 1, pa_e5m2_bf16)
+
+/* Two adjacent bf16 as one 32-bit pair (memcpy: no aliasing or alignment
+ * assumption; it compiles to the broadcast's memory operand). */
+PA_INLINE uint32_t pair_at(const uint16_t *p) {
+  uint32_t pair;
+  memcpy(&pair, p, sizeof pair);
+  return pair;
+}
+
+/* rows x 64 scores over the pairs [0, pairs) of Q's rows (element stride
+ * ldq): one broadcast of row r's pair e, four K^T loads per step. */
+PA_INLINE void qk_packed_pairs(const int rows, size_t pairs, const uint16_t *q, size_t ldq,
+                               const uint32_t *kt, __m512 acc[6][4]) {
+  for (size_t e = 0; e < pairs; e++) {
+    const uint32_t *k = kt + e * PA_PACK_KEYS;
+    __m512i k0 = _mm512_loadu_si512(k), k1 = _mm512_loadu_si512(k + 16);
+    __m512i k2 = _mm512_loadu_si512(k + 32), k3 = _mm512_loadu_si512(k + 48);
+    for (int r = 0; r < rows; r++) {
+      __m512i b = _mm512_set1_epi32((int)pair_at(q + r * ldq + 2 * e));
+      acc[r][0] = dot(acc[r][0], b, k0);
+      acc[r][1] = dot(acc[r][1], b, k1);
+      acc[r][2] = dot(acc[r][2], b, k2);
+      acc[r][3] = dot(acc[r][3], b, k3);
+    }
+  }
+}
+
+PA_INLINE void qk_packed_block(const int rows, size_t d, const uint16_t *q, size_t ldq,
+                               const uint32_t *kt, float *s, size_t lds) {
+  __m512 acc[6][4];
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+  }
+  qk_packed_pairs(rows, d / 2, q, ldq, kt, acc);
+  if (d % 2) { /* an odd row's last element pairs with zero, not with what follows */
+    uint16_t last[6][2];
+    for (int r = 0; r < rows; r++) {
+      last[r][0] = q[r * ldq + d - 1];
+      last[r][1] = 0;
+    }
+    qk_packed_pairs(rows, 1, &last[0][0], 2, kt + (d / 2) * PA_PACK_KEYS, acc);
+  }
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < 4; c++) _mm512_storeu_ps(s + r * lds + 16 * c, acc[r][c]);
+  }
+}
+
+static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                      const void *k_packed, float *s, size_t lds) {
+  const uint16_t *q = q_rows;
+  const uint32_t *kt = k_packed;
+  (void)n;
+  size_t i = 0;
+  for (; i + 6 <= m; i += 6) qk_packed_block(6, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+  for (; i + 4 <= m; i += 4) qk_packed_block(4, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+  for (; i + 2 <= m; i += 2) qk_packed_block(2, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+  for (; i < m; i++) qk_packed_block(1, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+}
+
+PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
+                               const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const uint32_t *v,
+                               size_t ldv, float *o, size_t ldo, const float *rescale) {
+  __mmask16 mask[4];
+  __m512 acc[6][4];
+  for (int c = 0; c < 4; c++) {
+    size_t col = c0 + 16 * (size_t)c;
+    mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
+    for (int r = 0; r < rows; r++)
+      acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
+                                pa512_row_scale(rescale, r));
+  }
+  for (size_t j = 0; j < n; j += 2) {
+    const uint32_t *vj = v + (j / 2) * ldv + c0;
+    __m512i v0 = _mm512_maskz_loadu_epi32(mask[0], vj),
+            v1 = _mm512_maskz_loadu_epi32(mask[1], vj + 16);
+    __m512i v2 = _mm512_maskz_loadu_epi32(mask[2], vj + 32),
+            v3 = _mm512_maskz_loadu_epi32(mask[3], vj + 48);
+    for (int r = 0; r < rows; r++) {
+      __m512i b = _mm512_set1_epi32((int)pairs[r][j / 2]);
+      acc[r][0] = dot(acc[r][0], b, v0);
+      acc[r][1] = dot(acc[r][1], b, v1);
+      acc[r][2] = dot(acc[r][2], b, v2);
+      acc[r][3] = dot(acc[r][3], b, v3);
+    }
+  }
+  for (int c = 0; c < 4; c++) {
+    size_t col = c0 + 16 * (size_t)c;
+    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r][c]);
+  }
+}
+
+PA_INLINE void pv_packed_rows(const int rows, size_t n, size_t d, const float *p, size_t ldp,
+                              const uint32_t *v, size_t ldv, float *o, size_t ldo,
+                              const float *rescale) {
+  uint32_t pairs[6][PA_PAIR_KEYS / 2];
+  pack_pairs(rows, n, p, ldp, pairs);
+  for (size_t c0 = 0; c0 < d; c0 += 64)
+    pv_packed_block(rows, n, c0, d, pairs, v, ldv, o, ldo, rescale);
+}
+
+static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                      const void *v_packed, float *o, size_t ldo, const float *rescale) {
+  const uint32_t *v = v_packed;
+  size_t ldv = (d + 15) / 16 * 16;
+  size_t i = 0;
+  for (; i + 6 <= m; i += 6)
+    pv_packed_rows(6, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+                   pa_rescale_from(rescale, i));
+  for (; i + 4 <= m; i += 4)
+    pv_packed_rows(4, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+                   pa_rescale_from(rescale, i));
+  for (; i + 2 <= m; i += 2)
+    pv_packed_rows(2, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+                   pa_rescale_from(rescale, i));
+  for (; i < m; i++)
+    pv_packed_rows(1, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
+                   pa_rescale_from(rescale, i));
+}
+
+void pa_prefill_kernels_avx512bf16(pa_kernels *k) {
+  pa_bf16_tables_init();
+  static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {
+      [PA_BF16] = pack_k_bf16, [PA_FP8_E4M3] = pack_k_e4m3, [PA_FP8_E5M2] = pack_k_e5m2};
+  static const pa_pack_fn pack_v[PA_NUM_DTYPES] = {
+      [PA_BF16] = pack_v_bf16, [PA_FP8_E4M3] = pack_v_e4m3, [PA_FP8_E5M2] = pack_v_e5m2};
+  for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
+    if (!pack_k[cache]) continue;
+    pa_attn_ops *ops = &k->attn[PA_BF16][cache];
+    ops->pack_k = pack_k[cache];
+    ops->pack_v = pack_v[cache];
+    ops->qk_packed = qk_packed;
+    ops->pv_packed = pv_packed;
+  }
+}
