@@ -6,12 +6,9 @@
 #include <string.h>
 
 #include "kernels/prefetch.h"
-#ifndef PF_LOC
-#define PF_LOC 1
-#endif
 
 /* Pointers to the K and V rows of keys [first, first + n) of a sequence for
- * one KV head; another KV head's rows are at + kv_head_bytes(). */
+ * one KV head; another KV head's rows are kv->head_bytes further on. */
 static void gather_tile_rows(const pa_kv_source *kv, int32_t seq, int32_t kv_head, int64_t first,
                              int64_t n, const void **k_rows, const void **v_rows) {
   if (!kv->block_tables) {
