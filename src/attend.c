@@ -64,6 +64,13 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
  * for all of them; fewer rows read the cache rows directly. */
 enum { PA_PACKED_MIN_ROWS = 16, PA_DIRECT_TILE = 32 };
 
+static int item_is_packed(const pa_plan_item *item) {
+  return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin) >= PA_PACKED_MIN_ROWS;
+}
+
+/* Q rows in scratch: d elements rounded up to 64 (see pa_attn_ops). */
+static size_t q_stride(size_t d) { return (d + 63) / 64 * 64; }
+
 typedef struct pa_item_scratch {
   const char **range_start;
   size_t *range_bytes;
@@ -110,6 +117,7 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
   int64_t q_start = plan->q_starts[item->seq];
   int64_t q_len = plan->q_starts[item->seq + 1] - q_start, k_len = plan->kv_lens[item->seq];
   size_t m = pa_item_rows(item);
+  pa_load_row_fn load_q = item_is_packed(item) ? c->ops->load_q_packed : c->ops->load_q;
   *lo = INT64_MAX;
   *hi = INT64_MIN;
   for (size_t i = 0; i < m; i++) {
@@ -124,7 +132,7 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
       *hi = PA_MAX(*hi, key_hi);
     }
     const char *src = c->query + (q_start + r) * c->query_row_bytes + (size_t)h * d * act_size;
-    c->ops->load_q((char *)s->q + i * d * c->ops->q_size, src, d, c->q_factor);
+    load_q((char *)s->q + i * q_stride(d) * c->ops->q_size, src, d, c->q_factor);
     s->position[i] = (int32_t)(k_len - q_len + r);
     s->key_lo[i] = (int32_t)key_lo;
     s->key_hi[i] = (int32_t)key_hi;
@@ -183,8 +191,8 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
   const pa_layer *layer = c->layer;
   size_t d = (size_t)layer->head_size, tile = (size_t)c->plan->key_tile;
   size_t m = pa_item_rows(item), kv_count = (size_t)(item->kv_end - item->kv_begin);
-  size_t m_kv = m / kv_count;
-  int packed = m_kv >= PA_PACKED_MIN_ROWS;
+  size_t m_kv = m / kv_count, ldq = q_stride(d);
+  int packed = item_is_packed(item);
   int all_visible = 1;
   for (size_t i = 0; i < m && all_visible; i++) {
     all_visible = s->key_lo[i] <= first && s->key_hi[i] >= first + (int64_t)n;
@@ -204,7 +212,7 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
       v_tile = set[1];
     }
     size_t r0 = kv * m_kv;
-    const char *q = (const char *)s->q + r0 * d * c->ops->q_size;
+    const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
     float *o = s->o + r0 * d, *scores = s->s + r0 * tile;
     ahead->budget = share;
     ahead->issued = 0;
@@ -212,9 +220,9 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
       pa_prefetch_step(ahead, 0, 1, 1);
       c->ops->pack_k(s->k_packed, k_tile, n, d);
       c->ops->pack_v(s->v_packed, v_tile, n, d);
-      c->ops->qk_packed(m_kv, n, d, q, d, s->k_packed, scores, tile);
+      c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile);
     } else {
-      c->ops->qk(m_kv, n, d, q, d, k_tile, scores, tile, ahead);
+      c->ops->qk(m_kv, n, d, q, ldq, k_tile, scores, tile, ahead);
     }
     pa_softmax_tile t = {
         .m = m_kv,
@@ -249,8 +257,7 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   size_t m = load_queries(c, item, &s, &lo, &hi);
   /* Packed tiles are PA_PACK_KEYS wide; direct (decode) tiles are shorter,
    * which keeps the data requested ahead close to where it is read. */
-  int packed = m / (size_t)(item->kv_end - item->kv_begin) >= PA_PACKED_MIN_ROWS;
-  size_t tile = packed ? lds_tile : PA_DIRECT_TILE;
+  size_t tile = item_is_packed(item) ? lds_tile : PA_DIRECT_TILE;
   memset(s.o, 0, m * d * sizeof(float));
   for (size_t i = 0; i < m; i++) {
     s.row_max[i] = -INFINITY;

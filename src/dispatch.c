@@ -75,6 +75,7 @@ void pa_kernels_build(pa_isa isa, pa_kernels *kernels) {
     if (has_avx512bf16()) {
       pa_attn_kernels_avx512bf16(kernels);
       pa_prefill_kernels_avx512bf16(kernels);
+      pa_attn_fp8_kernels_avx512bf16(kernels);
     }
   }
 #endif
@@ -88,6 +89,7 @@ void pa_kernels_build(pa_isa isa, pa_kernels *kernels) {
         ops->qk = kernels->qk[cache];
         ops->pv = kernels->pv[cache];
       }
+      if (!ops->load_q_packed) ops->load_q_packed = ops->load_q;
       if (!ops->qk_packed) {
         ops->pack_k = kernels->pack_k[cache];
         ops->pack_v = kernels->pack_v[cache];

@@ -33,7 +33,7 @@ pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_til
 #define PA_PLACE(field, bytes) \
   l.field = at;                \
   at = align_up(at + (bytes), PA_SCRATCH_ALIGN)
-  PA_PLACE(q, m * d * sizeof(float));
+  PA_PLACE(q, m * ((d + 63) / 64 * 64) * sizeof(float)); /* rows padded to 64 */
   PA_PLACE(o, m * d * sizeof(float));
   PA_PLACE(s, m * n * sizeof(float));
   PA_PLACE(row_max, m * sizeof(float));

@@ -22,6 +22,8 @@ static const char *g_family;
 
 static const size_t g_heads[] = {1, 3, 8, 15, 16, 17, 31, 32, 33, 64, 79, 80, 128, 130, 256};
 static const size_t g_keys[] = {1, 2, 3, 5, 15, 16, 17, 33, 63, 64};
+/* Direct kernels take any key count; S rows of the direct tests hold 70. */
+static const size_t g_direct_keys[] = {1, 2, 3, 5, 15, 16, 17, 33, 63, 64, 65, 70};
 static const size_t g_rows[] = {1, 2, 3, 4, 5, 6, 7, 9, 13, 16, 17};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -54,7 +56,7 @@ static float element(pa_dtype dtype, const void *row, size_t e) {
  * kernels cannot assume contiguity or alignment beyond the element's. */
 typedef struct rows {
   void *block;
-  const void *ptr[64];
+  const void *ptr[72];
 } rows;
 
 static void make_rows(tu_rng *rng, rows *r, pa_dtype dtype, size_t n, size_t d) {
@@ -124,11 +126,11 @@ static void test_qk_pv(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
     for (size_t t = 0; t < 6; t++) {
       pa_dtype dtype = g_dtypes[t % COUNT(g_dtypes)];
       size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))],
-             n = g_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_keys) - 1))];
+             n = g_direct_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_direct_keys) - 1))];
       rows kr, vr;
       make_rows(rng, &kr, dtype, n, d);
       make_rows(rng, &vr, dtype, n, d);
-      size_t ldq = d + 3, lds = 70, ldo = d + 5;
+      size_t ldq = d + 3, lds = 72, ldo = d + 5;
       float *q = malloc(m * ldq * 4), *got = malloc(m * lds * 4), *want = malloc(m * lds * 4);
       float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4), rescale[17];
       for (size_t i = 0; i < m * ldq; i++) q[i] = (float)tu_range(rng, -1, 1);
@@ -249,8 +251,9 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
                         tu_rng *rng) {
   for (size_t di = 0; di < COUNT(g_heads); di++) {
     size_t d = g_heads[di], n = g_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_keys) - 1))];
-    size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))], ldq = d + 2,
-           lds = PA_PACK_KEYS + 3, ldo = d + 1;
+    /* Q rows hold d rounded up to 64 (see pa_attn_ops). */
+    size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))];
+    size_t ldq = (d + 63) / 64 * 64 + 2, lds = PA_PACK_KEYS + 3, ldo = d + 1;
     rows kr, vr;
     make_rows(rng, &kr, cache, n, d);
     make_rows(rng, &vr, cache, n, d);
@@ -261,8 +264,10 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
     random_elements(rng, act, q_act, m * ldq);
     size_t act_size = pa_dtype_size(act);
     for (size_t i = 0; i < m; i++) {
-      k->load_q((char *)q_k + i * ldq * k->q_size, (char *)q_act + i * ldq * act_size, d, 1.0f);
-      s->load_q((char *)q_s + i * ldq * s->q_size, (char *)q_act + i * ldq * act_size, d, 1.0f);
+      k->load_q_packed((char *)q_k + i * ldq * k->q_size, (char *)q_act + i * ldq * act_size, d,
+                       1.0f);
+      s->load_q_packed((char *)q_s + i * ldq * s->q_size, (char *)q_act + i * ldq * act_size, d,
+                       1.0f);
     }
     k->pack_k(kp, kr.ptr, n, d);
     s->pack_k(sp, kr.ptr, n, d);
@@ -316,9 +321,10 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
 static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dtype act,
                                pa_dtype cache, tu_rng *rng) {
   for (size_t di = 0; di < COUNT(g_heads); di++) {
-    size_t d = g_heads[di], n = g_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_keys) - 1))];
-    size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))], ldq = d + 4, lds = 71,
-           ldo = d + 3;
+    size_t d = g_heads[di],
+           n = g_direct_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_direct_keys) - 1))];
+    size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))];
+    size_t ldq = (d + 63) / 64 * 64 + 4, lds = 71, ldo = d + 3;
     rows kr, vr;
     make_rows(rng, &kr, cache, n, d);
     make_rows(rng, &vr, cache, n, d);

@@ -148,26 +148,28 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
     size_t count = n - j0 < PA_PAIR_KEYS ? n - j0 : PA_PAIR_KEYS;
     const void *const *v = v_rows + j0;
+    /* Only the first chunk applies the correction: later ones find O rescaled. */
+    const float *scales = j0 == 0 ? rescale : NULL;
     size_t i = 0;
     for (; i + 4 <= m; i += 4) {
       pack_pairs(4, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 64) {
         pv_block(4, 2, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
+                 pa_rescale_from(scales, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
       }
     }
     for (; i + 2 <= m; i += 2) {
       pack_pairs(2, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
         pv_block(2, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
+                 pa_rescale_from(scales, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
       }
     }
     for (; i < m; i++) {
       pack_pairs(1, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
         pv_block(1, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 pa_rescale_from(rescale, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
+                 pa_rescale_from(scales, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
       }
     }
   }

@@ -101,13 +101,15 @@ typedef void (*pa_qk_packed_fn)(size_t m, size_t n, size_t d, const void *q, siz
 typedef void (*pa_pv_packed_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                                 const void *v_packed, float *o, size_t ldo, const float *rescale);
 
-/* The kernels attention runs for one (activation, cache) dtype pair. Q is
- * loaded by load_q into q_size-byte elements: f32 already multiplied by the
+/* The kernels attention runs for one (activation, cache) dtype pair. Q rows
+ * sit in scratch with a stride of d rounded up to 64 elements; Q is loaded
+ * into q_size-byte elements: f32 already multiplied by the
  * score factor (scale_scores 0), or kept as it is with the factor applied to
  * the scores by the softmax (scale_scores 1), for dot-product instructions
  * that take narrow inputs. */
 typedef struct pa_attn_ops {
-  pa_load_row_fn load_q;
+  pa_load_row_fn load_q;        /* for qk; writes d elements, or up to d rounded up to 64 */
+  pa_load_row_fn load_q_packed; /* for qk_packed */
   size_t q_size;
   int scale_scores;
   pa_qk_fn qk; /* direct: few rows (decode) */
@@ -164,6 +166,7 @@ void pa_attn_kernels_avx512(pa_kernels *k);
 void pa_prefill_kernels_avx512(pa_kernels *k);
 void pa_attn_kernels_avx512bf16(pa_kernels *k);
 void pa_prefill_kernels_avx512bf16(pa_kernels *k);
+void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k);
 #endif
 
 #endif

@@ -1,0 +1,244 @@
+/* Decode micro-kernels for FP8 caches under bf16 activations: vdpbf16ps on
+ * FP8 values turned into bf16 (exactly) 64 at a time.
+ *
+ * The conversion is two byte-table lookups (vpermi2b: the low and the high
+ * byte of each magnitude's bf16 code), the sign or-ed in, and a byte
+ * interleave: five instructions for 64 values, where a word-table lookup
+ * needs eight for 32. The interleave leaves the 64 values of a group in the
+ * order {0-7, 16-23, 32-39, 48-55} then {8-15, ...}: Q is loaded in that
+ * order (so the dot products match), and the P V accumulators hold the
+ * columns in a 4 x 4 transpose of 128-bit blocks, undone when O is stored. */
+#include <pthread.h>
+#include <string.h>
+
+#include "avx512bf16-common.h"
+#include "prefetch.h"
+
+/* Low and high bytes of the bf16 code of each FP8 magnitude (7 bits). */
+typedef struct pa_fp8_bytes {
+  uint8_t low[128], high[128];
+} pa_fp8_bytes;
+
+static pa_fp8_bytes pa_e4m3_bytes, pa_e5m2_bytes;
+
+static void split_table(const uint16_t *words, pa_fp8_bytes *bytes) {
+  for (int m = 0; m < 128; m++) {
+    bytes->low[m] = (uint8_t)(words[m] & 0xff);
+    bytes->high[m] = (uint8_t)(words[m] >> 8);
+  }
+}
+
+static void split_tables(void) {
+  split_table(pa_e4m3_bf16, &pa_e4m3_bytes);
+  split_table(pa_e5m2_bf16, &pa_e5m2_bytes);
+}
+
+typedef struct pa_fp8_tables {
+  __m512i low[2], high[2], sign;
+} pa_fp8_tables;
+
+PA_INLINE pa_fp8_tables fp8_tables(const pa_fp8_bytes *b) {
+  pa_fp8_tables t = {{_mm512_loadu_si512(b->low), _mm512_loadu_si512(b->low + 64)},
+                     {_mm512_loadu_si512(b->high), _mm512_loadu_si512(b->high + 64)},
+                     _mm512_set1_epi8((char)0x80)};
+  return t;
+}
+
+PA_INLINE __mmask64 tail_mask64(size_t count) {
+  return count >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << count) - 1);
+}
+
+PA_INLINE __m512i load64(const void *p, __mmask64 m) {
+  return m == ~(__mmask64)0 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(m, p);
+}
+
+/* 64 FP8 values as bf16, in the group order described above. */
+PA_INLINE void to_bf16x64(__m512i bytes, const pa_fp8_tables *t, __m512i *first, __m512i *second) {
+  __m512i low = _mm512_permutex2var_epi8(t->low[0], bytes, t->low[1]);
+  __m512i high = _mm512_permutex2var_epi8(t->high[0], bytes, t->high[1]);
+  high = _mm512_ternarylogic_epi32(high, bytes, t->sign, 0xf8); /* high | (bytes & 0x80) */
+  *first = _mm512_unpacklo_epi8(low, high);
+  *second = _mm512_unpackhi_epi8(low, high);
+}
+
+/* Where value e of a 64-value group lands in that order. */
+static size_t group_position(size_t e) {
+  size_t lane = e / 16, within = e % 16;
+  return within < 8 ? lane * 8 + within : 32 + lane * 8 + (within - 8);
+}
+
+/* Q rows in the group order, zero-padded to a multiple of 64 (the score
+ * factor goes to the softmax). */
+static void load_q_grouped(void *dst, const void *src, size_t n, float factor) {
+  (void)factor;
+  uint16_t *out = dst;
+  const uint16_t *in = src;
+  size_t padded = (n + 63) / 64 * 64;
+  memset(out, 0, padded * sizeof *out);
+  for (size_t e = 0; e < n; e++) out[e / 64 * 64 + group_position(e % 64)] = in[e];
+}
+
+PA_INLINE void qk_block(const int rows, const int keys, const pa_fp8_tables *t, size_t d,
+                        const uint16_t *q, size_t ldq, const void *const *k, float *s, size_t lds,
+                        size_t keys_valid) {
+  __m512 acc[16];
+  for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+  for (size_t g = 0; g < d; g += 64) {
+    __mmask64 m = tail_mask64(d - g);
+    for (int j = 0; j < keys; j++) {
+      __m512i first, second;
+      to_bf16x64(load64((const uint8_t *)k[j] + g, m), t, &first, &second);
+      for (int r = 0; r < rows; r++) {
+        const uint16_t *qr = q + r * ldq + g;
+        acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr), first);
+        acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr + 32), second);
+      }
+    }
+  }
+  pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
+}
+
+PA_INLINE void qk_rows(const int rows, const pa_fp8_tables *t, size_t n, size_t d,
+                       const uint16_t *q, size_t ldq, const void *const *k_rows, float *s,
+                       size_t lds, pa_prefetch *prefetch) {
+  const int keys = 16 / rows;
+  for (size_t j = 0; j < n; j += (size_t)keys) {
+    size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
+    pa_prefetch_step(prefetch, j, (size_t)keys, n);
+    const void *k[16];
+    for (int i = 0; i < keys; i++) k[i] = k_rows[j + ((size_t)i < valid ? (size_t)i : valid - 1)];
+    qk_block(rows, keys, t, d, q, ldq, k, s + j, lds, valid);
+  }
+}
+
+PA_INLINE void qk(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const uint16_t *q,
+                  size_t ldq, const void *const *k_rows, float *s, size_t lds,
+                  pa_prefetch *prefetch) {
+  pa_fp8_tables t = fp8_tables(bytes);
+  size_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    qk_rows(4, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, i == 0 ? prefetch : NULL);
+  }
+  for (; i + 2 <= m; i += 2) {
+    qk_rows(2, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, i == 0 ? prefetch : NULL);
+  }
+  for (; i < m; i++) {
+    qk_rows(1, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, i == 0 ? prefetch : NULL);
+  }
+}
+
+/* Swaps 128-bit blocks (i, j) with (j, i) across four vectors: natural O
+ * columns of a group <-> the P V accumulators' order (its own inverse). */
+PA_INLINE void transpose_blocks(__m512 v[4]) {
+  __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xee);
+  __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xee);
+  v[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
+  v[1] = _mm512_shuffle_f32x4(t0, t2, 0xdd);
+  v[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  v[3] = _mm512_shuffle_f32x4(t1, t3, 0xdd);
+}
+
+/* O[0..rows)[g .. g + 64) += P V over n <= 64 keys (P already bf16 pairs). */
+PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t g, size_t d,
+                        const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const void *const *v_rows,
+                        float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch,
+                        size_t prefetch_step, size_t prefetch_steps) {
+  __mmask16 mask[4];
+  __m512 acc[4][4];
+  for (int c = 0; c < 4; c++) {
+    size_t col = g + 16 * (size_t)c;
+    mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
+  }
+  for (int r = 0; r < rows; r++) {
+    __m512 scale = pa512_row_scale(rescale, r);
+    for (int c = 0; c < 4; c++) {
+      acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + g + 16 * c), scale);
+    }
+    transpose_blocks(acc[r]);
+  }
+  __mmask64 m = tail_mask64(d - g);
+  for (size_t j = 0; j < n; j += 2) {
+    pa_prefetch_step(prefetch, prefetch_step + j, 2, prefetch_steps);
+    __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
+    to_bf16x64(load64((const uint8_t *)v_rows[j] + g, m), t, &a0, &a1);
+    if (j + 1 < n) to_bf16x64(load64((const uint8_t *)v_rows[j + 1] + g, m), t, &b0, &b1);
+    __m512i pair[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
+                       _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
+    for (int r = 0; r < rows; r++) {
+      __m512i weights = _mm512_set1_epi32((int)pairs[r][j / 2]);
+      for (int c = 0; c < 4; c++) acc[r][c] = dot(acc[r][c], weights, pair[c]);
+    }
+  }
+  for (int r = 0; r < rows; r++) {
+    transpose_blocks(acc[r]);
+    for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + r * ldo + g + 16 * c, mask[c], acc[r][c]);
+  }
+}
+
+PA_INLINE void pv_rows(const int rows, const pa_fp8_tables *t, size_t n, size_t d, const float *p,
+                       size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                       const float *rescale, pa_prefetch *prefetch, size_t prefetch_step,
+                       size_t prefetch_steps) {
+  uint32_t pairs[4][PA_PAIR_KEYS / 2];
+  pack_pairs(rows, n, p, ldp, pairs);
+  for (size_t g = 0; g < d; g += 64) {
+    pv_group(rows, t, n, g, d, pairs, v_rows, o, ldo, rescale, g == 0 ? prefetch : NULL,
+             prefetch_step, prefetch_steps);
+  }
+}
+
+PA_INLINE void pv(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const float *p,
+                  size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                  pa_prefetch *prefetch) {
+  pa_fp8_tables t = fp8_tables(bytes);
+  for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
+    size_t count = n - j0 < PA_PAIR_KEYS ? n - j0 : PA_PAIR_KEYS;
+    const void *const *v = v_rows + j0;
+    /* Only the first tile's correction applies: later ones find O rescaled. */
+    const float *scales = j0 == 0 ? rescale : NULL;
+    size_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      pv_rows(4, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
+              pa_rescale_from(scales, i), i == 0 ? prefetch : NULL, j0, n);
+    }
+    for (; i + 2 <= m; i += 2) {
+      pv_rows(2, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
+              pa_rescale_from(scales, i), i == 0 ? prefetch : NULL, j0, n);
+    }
+    for (; i < m; i++) {
+      pv_rows(1, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
+              pa_rescale_from(scales, i), i == 0 ? prefetch : NULL, j0, n);
+    }
+  }
+}
+
+#define PA_DEFINE_QK_PV(suffix, bytes)                                                           \
+  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
+                          const void *const *k_rows, float *s, size_t lds,                       \
+                          pa_prefetch *prefetch) {                                               \
+    qk(&bytes, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                       \
+  }                                                                                              \
+  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
+                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
+                          pa_prefetch *prefetch) {                                               \
+    pv(&bytes, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                              \
+  }
+
+PA_DEFINE_QK_PV(e4m3, pa_e4m3_bytes)
+PA_DEFINE_QK_PV(e5m2, pa_e5m2_bytes)
+
+void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pa_bf16_tables_init();
+  pthread_once(&once, split_tables);
+  const pa_qk_fn qk_fns[2] = {qk_e4m3, qk_e5m2};
+  const pa_pv_fn pv_fns[2] = {pv_e4m3, pv_e5m2};
+  const pa_dtype caches[2] = {PA_FP8_E4M3, PA_FP8_E5M2};
+  for (int i = 0; i < 2; i++) {
+    pa_attn_ops *ops = &k->attn[PA_BF16][caches[i]];
+    ops->load_q_packed = ops->load_q; /* the packed kernels want Q as it is */
+    ops->load_q = load_q_grouped;
+    ops->qk = qk_fns[i];
+    ops->pv = pv_fns[i];
+  }
+}
