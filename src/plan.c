@@ -10,7 +10,7 @@ enum {
   PA_KEY_TILE = PA_PACK_KEYS,
   /* Query rows x heads of a prefill item: enough rows to amortise packing a
    * K/V tile, few enough that its Q and O stay in L2. */
-  PA_TARGET_ROWS = 64,
+  PA_TARGET_ROWS = 128,
   /* rows x heads x head_size of any item (Q and O scratch, 128 KiB each). */
   PA_ROW_BUDGET = 32768,
   /* Up to this many query rows per sequence (decode, speculative decoding)

@@ -92,20 +92,23 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
 /* rows x 64 columns of O, kept in registers over the tile's keys. */
 PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const float *p, size_t ldp,
                         const float *v, size_t ldv, float *o, size_t ldo, const float *rescale) {
+  /* Packed V rows are padded to 16 columns, so full loads are safe up to d;
+   * a chunk past d reloads the first one and its sums are never stored. */
   __mmask16 mask[4];
+  size_t off[4];
   __m512 acc[6][4];
   for (int c = 0; c < 4; c++) {
     size_t col = c0 + 16 * (size_t)c;
     mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
+    off[c] = col < d ? 16 * (size_t)c : 0;
     for (int r = 0; r < rows; r++)
       acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
                                 pa512_row_scale(rescale, r));
   }
   for (size_t j = 0; j < n; j++) {
     const float *vj = v + j * ldv + c0;
-    __m512 v0 = _mm512_maskz_loadu_ps(mask[0], vj), v1 = _mm512_maskz_loadu_ps(mask[1], vj + 16);
-    __m512 v2 = _mm512_maskz_loadu_ps(mask[2], vj + 32),
-           v3 = _mm512_maskz_loadu_ps(mask[3], vj + 48);
+    __m512 v0 = _mm512_loadu_ps(vj + off[0]), v1 = _mm512_loadu_ps(vj + off[1]);
+    __m512 v2 = _mm512_loadu_ps(vj + off[2]), v3 = _mm512_loadu_ps(vj + off[3]);
     for (int r = 0; r < rows; r++) {
       __m512 b = _mm512_set1_ps(p[r * ldp + j]);
       acc[r][0] = _mm512_fmadd_ps(b, v0, acc[r][0]);

@@ -129,21 +129,22 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
 PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
                                const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const uint32_t *v,
                                size_t ldv, float *o, size_t ldo, const float *rescale) {
+  /* Full loads up to d (rows are padded to 16); see prefill-avx512.c. */
   __mmask16 mask[4];
+  size_t off[4];
   __m512 acc[6][4];
   for (int c = 0; c < 4; c++) {
     size_t col = c0 + 16 * (size_t)c;
     mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
+    off[c] = col < d ? 16 * (size_t)c : 0;
     for (int r = 0; r < rows; r++)
       acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
                                 pa512_row_scale(rescale, r));
   }
   for (size_t j = 0; j < n; j += 2) {
     const uint32_t *vj = v + (j / 2) * ldv + c0;
-    __m512i v0 = _mm512_maskz_loadu_epi32(mask[0], vj),
-            v1 = _mm512_maskz_loadu_epi32(mask[1], vj + 16);
-    __m512i v2 = _mm512_maskz_loadu_epi32(mask[2], vj + 32),
-            v3 = _mm512_maskz_loadu_epi32(mask[3], vj + 48);
+    __m512i v0 = _mm512_loadu_si512(vj + off[0]), v1 = _mm512_loadu_si512(vj + off[1]);
+    __m512i v2 = _mm512_loadu_si512(vj + off[2]), v3 = _mm512_loadu_si512(vj + off[3]);
     for (int r = 0; r < rows; r++) {
       __m512i b = _mm512_set1_epi32((int)pairs[r][j / 2]);
       acc[r][0] = dot(acc[r][0], b, v0);
