@@ -21,7 +21,8 @@ static const char *g_family;
 #define CHECK(cond, fmt, ...) TU_CHECK(cond, "[%s] " fmt, g_family, __VA_ARGS__)
 
 static const size_t g_heads[] = {1, 3, 8, 15, 16, 17, 31, 32, 33, 64, 79, 80, 128, 130, 256};
-static const size_t g_keys[] = {1, 2, 3, 5, 15, 16, 17, 33, 63, 64};
+/* Packed tiles hold up to PA_PACK_KEYS keys. */
+static const size_t g_packed_keys[] = {1, 3, 17, 63, 64, 65, 100, 127, 128};
 /* Direct kernels take any key count; S rows of the direct tests hold 70. */
 static const size_t g_direct_keys[] = {1, 2, 3, 5, 15, 16, 17, 33, 63, 64, 65, 70};
 static const size_t g_rows[] = {1, 2, 3, 4, 5, 6, 7, 9, 13, 16, 17};
@@ -56,7 +57,7 @@ static float element(pa_dtype dtype, const void *row, size_t e) {
  * kernels cannot assume contiguity or alignment beyond the element's. */
 typedef struct rows {
   void *block;
-  const void *ptr[72];
+  const void *ptr[PA_PACK_KEYS];
 } rows;
 
 static void make_rows(tu_rng *rng, rows *r, pa_dtype dtype, size_t n, size_t d) {
@@ -250,7 +251,8 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) 
 static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act, pa_dtype cache,
                         tu_rng *rng) {
   for (size_t di = 0; di < COUNT(g_heads); di++) {
-    size_t d = g_heads[di], n = g_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_keys) - 1))];
+    size_t d = g_heads[di],
+           n = g_packed_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_packed_keys) - 1))];
     /* Q rows hold d rounded up to 64 (see pa_attn_ops). */
     size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))];
     size_t ldq = (d + 63) / 64 * 64 + 2, lds = PA_PACK_KEYS + 3, ldo = d + 1;

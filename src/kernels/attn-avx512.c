@@ -132,14 +132,11 @@ PA_DEFINE_QK_PV(e4m3, pa512_load_e4m3, 1)
 PA_DEFINE_QK_PV(e5m2, pa512_load_e5m2, 1)
 
 /* Base-2 logits of row i's visible columns written over the row (-inf
- * elsewhere in the tile); returns their maximum. */
-PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
+ * elsewhere in the tile); returns their lane-wise maximum. */
+PA_INLINE __m512 logits_row(const pa_softmax_tile *t, size_t i, float *row) {
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
   const float cap = t->soft_cap;
-  /* Without a cap or ALiBi the natural-log scale and log2(e) fold into one. */
-  const int plain = cap == 0.0f && !t->alibi;
-  const __m512 scale = _mm512_set1_ps(plain ? t->score_scale * PA_LOG2E : t->score_scale);
   int64_t lo = 0, hi = (int64_t)t->n;
   if (t->key_lo) {
     lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
@@ -148,70 +145,95 @@ PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
   __m512 vmax = minus_inf;
   for (size_t j = 0; j < t->n; j += 16) {
     __mmask16 in_tile = pa512_tail_mask(t->n - j);
-    __mmask16 visible = in_tile;
     __m512 column = _mm512_add_ps(iota, _mm512_set1_ps((float)j));
-    if (t->key_lo) {
-      visible = _mm512_mask_cmp_ps_mask(in_tile, column, _mm512_set1_ps((float)lo), _CMP_GE_OQ) &
-                _mm512_cmp_ps_mask(column, _mm512_set1_ps((float)hi), _CMP_LT_OQ);
+    __mmask16 visible =
+        _mm512_mask_cmp_ps_mask(in_tile, column, _mm512_set1_ps((float)lo), _CMP_GE_OQ) &
+        _mm512_cmp_ps_mask(column, _mm512_set1_ps((float)hi), _CMP_LT_OQ);
+    __m512 x =
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(visible, row + j), _mm512_set1_ps(t->score_scale));
+    if (cap > 0.0f) {
+      x = _mm512_mul_ps(_mm512_set1_ps(cap),
+                        pa512_tanh(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / cap))));
     }
-    __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(visible, row + j), scale);
-    if (!plain) {
-      if (cap > 0.0f) {
-        x = _mm512_mul_ps(_mm512_set1_ps(cap),
-                          pa512_tanh(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / cap))));
-      }
-      if (t->alibi) {
-        float distance = (float)(t->first_key - t->position[i]);
-        __m512 bias = _mm512_add_ps(column, _mm512_set1_ps(distance));
-        x = _mm512_fmadd_ps(_mm512_set1_ps(t->alibi[i]), bias, x);
-      }
-      x = _mm512_mul_ps(x, _mm512_set1_ps(PA_LOG2E));
+    if (t->alibi) {
+      float distance = (float)(t->first_key - t->position[i]);
+      __m512 bias = _mm512_add_ps(column, _mm512_set1_ps(distance));
+      x = _mm512_fmadd_ps(_mm512_set1_ps(t->alibi[i]), bias, x);
     }
-    x = _mm512_mask_mov_ps(minus_inf, visible, x);
+    x = _mm512_mask_mov_ps(minus_inf, visible, _mm512_mul_ps(x, _mm512_set1_ps(PA_LOG2E)));
     _mm512_mask_storeu_ps(row + j, in_tile, x);
     vmax = _mm512_max_ps(vmax, x);
   }
-  return _mm512_reduce_max_ps(vmax);
+  return vmax;
 }
 
-/* Three passes: every row's maximum; every row's correction, 16 rows per
- * vector (one exp for 16 rows rather than a scalar call per row); every
- * row's weights and sum. */
-static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
-  float *old_max = t->rescale; /* holds the previous maxima until pass 2 */
-  for (size_t i = 0; i < t->m; i++) {
-    old_max[i] = t->row_max[i];
-    t->row_max[i] = fmaxf(old_max[i], logits_row(t, i, s + i * lds));
+/* Lane-wise maximum of a row's raw scores (a plain tile: every key
+ * visible, no cap, no ALiBi, so the logits are the scores times a constant
+ * and need not be written). */
+PA_INLINE __m512 raw_max_row(size_t n, const float *row) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (size_t j = 0; j < n; j += 16) {
+    __mmask16 m = pa512_tail_mask(n - j);
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, row + j));
   }
-  for (size_t i = 0; i < t->m; i += 16) {
-    __mmask16 m = pa512_tail_mask(t->m - i);
-    __m512 before = _mm512_maskz_loadu_ps(m, old_max + i);
-    __m512 after = _mm512_maskz_loadu_ps(m, t->row_max + i);
+  return vmax;
+}
+
+/* Three passes, the per-row reductions done 16 rows at a time by a
+ * transpose tree: every row's maximum and the correction of its running
+ * state; every row's weights; every row's sum. A plain tile (see
+ * raw_max_row) skips writing logits: its weights are 2^(s * c - max) with
+ * c the score scale in base 2, one FMA from the raw score. */
+static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
+  const int plain = !t->key_lo && t->soft_cap == 0.0f && !t->alibi;
+  const float c = t->score_scale * PA_LOG2E;
+  __m512 lanes[16];
+  for (size_t i0 = 0; i0 < t->m; i0 += 16) {
+    size_t rows = t->m - i0 < 16 ? t->m - i0 : 16;
+    for (size_t r = 0; r < 16; r++) {
+      if (r >= rows) {
+        lanes[r] = _mm512_set1_ps(-INFINITY);
+      } else if (plain) {
+        lanes[r] = raw_max_row(t->n, s + (i0 + r) * lds);
+      } else {
+        lanes[r] = logits_row(t, i0 + r, s + (i0 + r) * lds);
+      }
+    }
+    __m512 tile_max = pa512_reduce16_with(lanes, pa512_max);
+    if (plain) tile_max = _mm512_mul_ps(tile_max, _mm512_set1_ps(c));
+    __mmask16 m = pa512_tail_mask(rows);
+    __m512 before = _mm512_maskz_loadu_ps(m, t->row_max + i0);
+    __m512 after = _mm512_max_ps(before, tile_max);
     /* 2^(-inf) = 0 when the first key arrives; 1 while no key has come. */
     __mmask16 none = _mm512_cmp_ps_mask(after, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
     __m512 correction =
         _mm512_mask_mov_ps(pa512_exp2(_mm512_sub_ps(before, after)), none, _mm512_set1_ps(1.0f));
-    _mm512_mask_storeu_ps(t->rescale + i, m, correction);
-    __m512 sum = _mm512_maskz_loadu_ps(m, t->row_sum + i);
-    _mm512_mask_storeu_ps(t->row_sum + i, m, _mm512_mul_ps(sum, correction));
-  }
-  for (size_t i = 0; i < t->m; i++) {
-    float *row = s + i * lds;
-    if (t->row_max[i] == -INFINITY) { /* no key seen yet: nothing to weigh */
-      for (size_t j = 0; j < t->n; j += 16) {
-        _mm512_mask_storeu_ps(row + j, pa512_tail_mask(t->n - j), _mm512_setzero_ps());
+    _mm512_mask_storeu_ps(t->row_max + i0, m, after);
+    _mm512_mask_storeu_ps(t->rescale + i0, m, correction);
+    __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, t->row_sum + i0), correction);
+
+    for (size_t r = 0; r < 16; r++) {
+      lanes[r] = _mm512_setzero_ps();
+      if (r >= rows) continue;
+      float *row = s + (i0 + r) * lds;
+      float shift = t->row_max[i0 + r];
+      if (shift == -INFINITY) { /* no key seen yet: nothing to weigh */
+        for (size_t j = 0; j < t->n; j += 16) {
+          _mm512_mask_storeu_ps(row + j, pa512_tail_mask(t->n - j), _mm512_setzero_ps());
+        }
+        continue;
       }
-      continue;
+      __m512 scale = _mm512_set1_ps(plain ? c : 1.0f), minus = _mm512_set1_ps(-shift);
+      for (size_t j = 0; j < t->n; j += 16) {
+        __mmask16 in_tile = pa512_tail_mask(t->n - j);
+        __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_tile, row + j), scale, minus);
+        __m512 weight = _mm512_maskz_mov_ps(in_tile, pa512_exp2(x));
+        _mm512_mask_storeu_ps(row + j, in_tile, weight);
+        lanes[r] = _mm512_add_ps(lanes[r], weight);
+      }
     }
-    __m512 shift = _mm512_set1_ps(t->row_max[i]), vsum = _mm512_setzero_ps();
-    for (size_t j = 0; j < t->n; j += 16) {
-      __mmask16 in_tile = pa512_tail_mask(t->n - j);
-      __m512 weight = pa512_exp2(_mm512_sub_ps(_mm512_maskz_loadu_ps(in_tile, row + j), shift));
-      weight = _mm512_maskz_mov_ps(in_tile, weight);
-      _mm512_mask_storeu_ps(row + j, in_tile, weight);
-      vsum = _mm512_add_ps(vsum, weight);
-    }
-    t->row_sum[i] += _mm512_reduce_add_ps(vsum);
+    sum = _mm512_add_ps(sum, pa512_reduce16(lanes));
+    _mm512_mask_storeu_ps(t->row_sum + i0, m, sum);
   }
 }
 

@@ -95,25 +95,30 @@ PA_INLINE __m512 pa512_tanh(__m512 x) {
   return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
 }
 
-/* Sums each of v[0..15] across its lanes; lane k of the result is sum(v[k]).
- * A transpose tree: 45 shuffles and adds instead of 16 horizontal sums. */
-PA_INLINE __m512 pa512_reduce16(const __m512 *v) {
+PA_INLINE __m512 pa512_add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+PA_INLINE __m512 pa512_max(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+
+/* Reduces each of v[0..15] across its lanes with `op`; lane k of the result
+ * is op over v[k]. A transpose tree: 45 shuffles and ops instead of 16
+ * horizontal reductions. */
+PA_INLINE __m512 pa512_reduce16_with(const __m512 *v, __m512 (*op)(__m512, __m512)) {
   __m512 pair[8], quad[4], oct[2];
   for (int i = 0; i < 8; i++) {
-    pair[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                            _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    pair[i] =
+        op(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
   }
   for (int i = 0; i < 4; i++) {
-    quad[i] = _mm512_add_ps(_mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0x44),
-                            _mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0xee));
+    quad[i] = op(_mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0x44),
+                 _mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0xee));
   }
   for (int i = 0; i < 2; i++) {
-    oct[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0x88),
-                           _mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0xdd));
+    oct[i] = op(_mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0x88),
+                _mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0xdd));
   }
-  return _mm512_add_ps(_mm512_shuffle_f32x4(oct[0], oct[1], 0x88),
-                       _mm512_shuffle_f32x4(oct[0], oct[1], 0xdd));
+  return op(_mm512_shuffle_f32x4(oct[0], oct[1], 0x88), _mm512_shuffle_f32x4(oct[0], oct[1], 0xdd));
 }
+
+PA_INLINE __m512 pa512_reduce16(const __m512 *v) { return pa512_reduce16_with(v, pa512_add); }
 
 /* Stores a block of 16 dot products, lane r * (16 / rows) + j holding row
  * r's key j, as rows x `valid` entries of S (leading dimension lds). */

@@ -7,7 +7,7 @@
 #include "avx512-common.h"
 #include "kernels.h"
 
-enum { PA_PAIR_KEYS = 64 }; /* keys per P conversion */
+enum { PA_PAIR_KEYS = PA_PACK_KEYS }; /* keys per P conversion */
 
 /* FP8 magnitudes (7 bits) as bf16 bits, filled by pa_bf16_tables_init(). */
 extern uint16_t pa_e4m3_bf16[128], pa_e5m2_bf16[128];
@@ -51,11 +51,12 @@ PA_INLINE __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-/* P rows [0, rows) for keys [0, n), n <= 64, as bf16 pairs (zero-padded). */
+/* P rows [0, rows) for keys [0, n), n <= PA_PAIR_KEYS, as bf16 pairs (the
+ * pair past an odd n gets a zero). */
 PA_INLINE void pack_pairs(int rows, size_t n, const float *p, size_t ldp,
                           uint32_t (*pairs)[PA_PAIR_KEYS / 2]) {
   for (int r = 0; r < rows; r++) {
-    for (size_t j = 0; j < PA_PAIR_KEYS; j += 32) {
+    for (size_t j = 0; j < n; j += 32) {
       size_t left = j < n ? n - j : 0;
       __m512 a = _mm512_maskz_loadu_ps(pa512_tail_mask(left), p + r * ldp + j);
       __m512 b =

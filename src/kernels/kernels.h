@@ -85,7 +85,7 @@ typedef void (*pa_softmax_fn)(const pa_softmax_tile *tile, float *s, size_t lds)
  *   bf16 K: pairs kt[(e / 2) * PA_PACK_KEYS + j] = (k_j[e], k_j[e + 1])
  *   bf16 V: pairs v[(j / 2) * ldv + e] = (v_j[e], v_{j+1}[e]) (v_n = 0)
  * Either fits in pa_packed_bytes(d). */
-enum { PA_PACK_KEYS = 64 };
+enum { PA_PACK_KEYS = 128 };
 
 static inline size_t pa_packed_bytes(size_t d) {
   return (size_t)PA_PACK_KEYS * ((d + 31) / 32 * 32) * sizeof(float);
@@ -93,8 +93,8 @@ static inline size_t pa_packed_bytes(size_t d) {
 
 /* Packs rows[0..n) (n <= PA_PACK_KEYS rows of d cache-dtype elements). */
 typedef void (*pa_pack_fn)(void *dst, const void *const *rows, size_t n, size_t d);
-/* S[i][j] = dot(Q[i], K[j]) over a packed K tile (all PA_PACK_KEYS columns
- * of S are written; those past n hold zeros' dot products). */
+/* S[i][j] = dot(Q[i], K[j]) over a packed K tile (columns up to n rounded up
+ * to 64 are written; those past n hold zeros' dot products). */
 typedef void (*pa_qk_packed_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                                 const void *k_packed, float *s, size_t lds);
 /* O[i][:] = O[i][:] * rescale[i] + sum_j P[i][j] V[j][:] over a packed V tile. */

@@ -28,7 +28,7 @@ PA_INLINE void transpose8(__m256 r[8]) {
 PA_INLINE void pack_k(pa256_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
                       size_t d) {
   float *kt = dst;
-  for (size_t j0 = 0; j0 < PA_PACK_KEYS; j0 += 8) {
+  for (size_t j0 = 0; j0 < (n + 63) / 64 * 64; j0 += 8) { /* the columns qk_packed reads */
     for (size_t e0 = 0; e0 < d; e0 += 8) {
       size_t count = d - e0 < 8 ? d - e0 : 8;
       __m256 block[8];
@@ -97,8 +97,7 @@ PA_INLINE void qk_block(const int rows, size_t d, const float *q, size_t ldq, co
 static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
                       const void *k_packed, float *s, size_t lds) {
   const float *q = q_rows, *kt = k_packed;
-  (void)n;
-  for (size_t k0 = 0; k0 < PA_PACK_KEYS; k0 += 32) {
+  for (size_t k0 = 0; k0 < (n + 63) / 64 * 64; k0 += 32) {
     size_t i = 0;
     for (; i + 2 <= m; i += 2) qk_block(2, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
     for (; i < m; i++) qk_block(1, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);

@@ -13,7 +13,7 @@ typedef __m512 (*pa512_loader)(const void *, __mmask16);
 PA_INLINE void pack_k(pa512_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
                       size_t d) {
   float *kt = dst;
-  for (size_t j0 = 0; j0 < PA_PACK_KEYS; j0 += 16) {
+  for (size_t j0 = 0; j0 < (n + 63) / 64 * 64; j0 += 16) { /* the columns qk_packed reads */
     for (size_t e0 = 0; e0 < d; e0 += 16) {
       __mmask16 m = pa512_tail_mask(d - e0);
       __m512 block[16];
@@ -81,12 +81,14 @@ PA_INLINE void qk_block(const int rows, size_t d, const float *q, size_t ldq, co
 static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
                       const void *k_packed, float *s, size_t lds) {
   const float *q = q_rows, *kt = k_packed;
-  (void)n;
-  size_t i = 0;
-  for (; i + 6 <= m; i += 6) qk_block(6, d, q + i * ldq, ldq, kt, s + i * lds, lds);
-  for (; i + 4 <= m; i += 4) qk_block(4, d, q + i * ldq, ldq, kt, s + i * lds, lds);
-  for (; i + 2 <= m; i += 2) qk_block(2, d, q + i * ldq, ldq, kt, s + i * lds, lds);
-  for (; i < m; i++) qk_block(1, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+  /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. */
+  for (size_t k0 = 0; k0 < n; k0 += 64) {
+    size_t i = 0;
+    for (; i + 6 <= m; i += 6) qk_block(6, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+    for (; i + 4 <= m; i += 4) qk_block(4, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+    for (; i + 2 <= m; i += 2) qk_block(2, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+    for (; i < m; i++) qk_block(1, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+  }
 }
 
 /* rows x 64 columns of O, kept in registers over the tile's keys. */

@@ -12,7 +12,7 @@ PA_INLINE void pack_k_pairs(pa_bf16_loader load, size_t elem, const uint16_t *ta
   pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
   uint32_t *kt = dst;
   size_t pairs = (d + 1) / 2;
-  for (size_t j0 = 0; j0 < PA_PACK_KEYS; j0 += 16) {
+  for (size_t j0 = 0; j0 < (n + 63) / 64 * 64; j0 += 16) { /* the columns qk_packed reads */
     for (size_t e0 = 0; e0 < d; e0 += 32) {
       __mmask32 m = tail_mask32(d - e0);
       __m512 block[16];
@@ -118,12 +118,17 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
                       const void *k_packed, float *s, size_t lds) {
   const uint16_t *q = q_rows;
   const uint32_t *kt = k_packed;
-  (void)n;
-  size_t i = 0;
-  for (; i + 6 <= m; i += 6) qk_packed_block(6, d, q + i * ldq, ldq, kt, s + i * lds, lds);
-  for (; i + 4 <= m; i += 4) qk_packed_block(4, d, q + i * ldq, ldq, kt, s + i * lds, lds);
-  for (; i + 2 <= m; i += 2) qk_packed_block(2, d, q + i * ldq, ldq, kt, s + i * lds, lds);
-  for (; i < m; i++) qk_packed_block(1, d, q + i * ldq, ldq, kt, s + i * lds, lds);
+  /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. */
+  for (size_t k0 = 0; k0 < n; k0 += 64) {
+    size_t i = 0;
+    for (; i + 6 <= m; i += 6)
+      qk_packed_block(6, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+    for (; i + 4 <= m; i += 4)
+      qk_packed_block(4, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+    for (; i + 2 <= m; i += 2)
+      qk_packed_block(2, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+    for (; i < m; i++) qk_packed_block(1, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+  }
 }
 
 PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
