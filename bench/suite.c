@@ -73,21 +73,25 @@ int pab_suite_default(int quick, pab_case ***out) {
   int d = quick ? 8 : 1;
 
   /* Decode. The two small ones are meant to be cache-resident (labelled L2/L3); the rest rotate
-   * over more than L3 so every call streams K/V from DRAM, as between layers of a real model. */
+   * over more than L3 so every call streams K/V from DRAM, as between layers of a real model.
+   * Block tables are in allocation order; the "_frag" rows shuffle them (see pab_case). The
+   * scalar kernel is timed beside the rows of the decode targets. */
   c = push(&l, decode_case("", 1, 128 / d));
   c->cold = 0;
+  c->scalar = 1;
   c = push(&l, decode_case("", 1, 4096 / d));
   c->cold = 0;
-  c->scalar = 1;
   c = push(&l, decode_case("", quick ? 4 : 16, 1024 / d));
-  c->scalar = 1;
   const pa_dtype cache_types[] = {PA_BF16, PA_F16, PA_FP8_E4M3, PA_FP8_E5M2};
   for (int i = 0; i < 4; i++) {
     char suffix[32];
     snprintf(suffix, sizeof suffix, "_%s", pa_dtype_name(cache_types[i]));
     c = push(&l, decode_case(suffix, quick ? 4 : 16, 4096 / d));
     c->cache_dtype = cache_types[i];
+    c->scalar = cache_types[i] == PA_BF16 || cache_types[i] == PA_FP8_E4M3;
   }
+  c = push(&l, decode_case("_bf16_frag", quick ? 4 : 16, 4096 / d));
+  c->fragmented = 1;
   /* Mid-size variants: 8x4096 keeps even head size 64 (64 MiB of K/V) beyond L3. */
   const int block_sizes[] = {1, 16, 64};
   for (int i = 0; i < 3; i++) {
@@ -95,13 +99,18 @@ int pab_suite_default(int quick, pab_case ***out) {
     snprintf(suffix, sizeof suffix, "_bs%d", block_sizes[i]);
     c = push(&l, decode_case(suffix, quick ? 2 : 8, 4096 / d));
     c->block_size = block_sizes[i];
+    c->scalar = 1;
   }
+  c = push(&l, decode_case("_bs1_frag", quick ? 2 : 8, 4096 / d));
+  c->block_size = 1;
+  c->fragmented = 1;
   const int head_sizes[] = {64, 96, 256};
   for (int i = 0; i < 3; i++) {
     char suffix[32];
     snprintf(suffix, sizeof suffix, "_hs%d", head_sizes[i]);
     c = push(&l, decode_case(suffix, quick ? 2 : 8, 4096 / d));
     c->head_size = head_sizes[i];
+    c->scalar = 1;
   }
 
   /* Causal prefill of one prompt. */

@@ -91,6 +91,8 @@ void pab_case_shape(const pab_case *c, char *buf, size_t cap) {
   if (c->alibi) el += (size_t)snprintf(extra + el, sizeof extra - el, " alibi");
   if (c->softcap > 0)
     el += (size_t)snprintf(extra + el, sizeof extra - el, " cap%g", (double)c->softcap);
+  if (c->api == PAB_API_PAGED && c->fragmented)
+    el += (size_t)snprintf(extra + el, sizeof extra - el, " frag");
   /* "bf16>fp8_e4m3" only when the cache dtype differs from the activations'. */
   char types[40];
   if (c->api == PAB_API_PAGED && c->cache_dtype != c->dtype)
@@ -197,10 +199,10 @@ static void build_paged(pab_data *d, pa_context *writer, size_t cold_bytes, int 
   kc->value = pab_big_alloc(half);
   if (!kc->key || !kc->value) pab_die("%s: cannot allocate a %zu-byte KV cache", c->name, 2 * half);
 
-  /* Shuffled block ids, as an engine's allocator hands them out after some churn. */
+  /* Block ids in allocation order, or shuffled (see pab_case.fragmented). */
   int32_t *perm = pab_xmalloc((size_t)num_blocks * sizeof *perm);
   for (int64_t i = 0; i < num_blocks; i++) perm[i] = (int32_t)i;
-  for (int64_t i = num_blocks - 1; i > 0; i--) {
+  for (int64_t i = num_blocks - 1; i > 0 && c->fragmented; i--) {
     int64_t j = (int64_t)(pab_rng_next(rng) % (uint64_t)(i + 1));
     int32_t t = perm[i];
     perm[i] = perm[j];

@@ -37,6 +37,9 @@ typedef struct pab_case {
   float softcap;
   int cold;   /* rotate over disjoint copies of the K/V so no call reuses the last one's lines */
   int scalar; /* also time it with a scalar-kernel context */
+  /* Block ids: 0 in allocation order (each sequence's blocks contiguous, as a freshly started
+   * engine hands them out), 1 shuffled (an allocator after churn: every block a random jump). */
+  int fragmented;
 } pab_case;
 
 /* A case with Llama-3-8B layer defaults (32/8 heads of 128, block 16, bf16, decoder). */

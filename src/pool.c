@@ -1,8 +1,16 @@
-/* Dispatch is a generation counter: the caller publishes a job and bumps the
- * generation; workers spin on it for a while (a spinning wake-up costs about
- * 0.1 us here, a futex wake-up about 50 us) and then sleep on it. Completion
- * is a countdown the caller spins on, yielding the CPU after a while so a
- * worker that was preempted by another process can finish. */
+/* Dispatch: the caller publishes a job and bumps a generation counter;
+ * workers spin on it for a while (a spinning wake-up costs about 0.1 us
+ * here, a futex wake-up about 50 us) and then sleep on it.
+ *
+ * Tasks are claimed from a 64-bit counter holding the job's generation in
+ * its high half and the next task index in its low half, so a worker that
+ * wakes up late can only claim tasks of the job it saw: a claim on a
+ * finished job fails, and a job's fields are read only after one of its
+ * tasks has been claimed (the caller cannot replace a job while a task of
+ * it is running). Completion counts tasks, not workers: the caller, which
+ * claims tasks too, waits only for tasks that were claimed, never for a
+ * worker that another process keeps off the CPU. With the other core busy,
+ * a call degrades to one thread's speed instead of stalling. */
 #define _GNU_SOURCE
 #include "pool.h"
 
@@ -38,15 +46,16 @@ enum { PA_SPIN_ITERATIONS = 20000, PA_WAIT_SPINS_BEFORE_YIELD = 2000 };
 struct pa_pool {
   int num_threads;
   pthread_t *threads;
-  /* Written by the caller before the generation is bumped. */
+  /* The job; written by the caller before the claim counter names it. */
   pa_task_fn task;
   void *arg;
-  size_t num_tasks;
-  _Alignas(PA_CACHE_LINE) atomic_size_t next_task;
-  _Alignas(PA_CACHE_LINE) atomic_uint generation;
+  atomic_uint num_tasks; /* read before a claim, so atomic (relaxed) */
+  /* generation << 32 | next task index */
+  _Alignas(PA_CACHE_LINE) _Atomic uint64_t claim;
+  _Alignas(PA_CACHE_LINE) atomic_uint done;       /* tasks of the current job finished */
+  _Alignas(PA_CACHE_LINE) atomic_uint generation; /* bumped per job: what workers wait on */
   atomic_int sleepers;
   atomic_int stop;
-  _Alignas(PA_CACHE_LINE) atomic_int busy_workers;
 #if !PA_HAVE_FUTEX
   pthread_mutex_t mutex;
   pthread_cond_t wake;
@@ -78,11 +87,23 @@ static void wake_sleepers(pa_pool *pool) {
 #endif
 }
 
-static void run_tasks(pa_pool *pool, int thread) {
+/* Claims and runs tasks of job `generation` until none is left. */
+static void run_tasks(pa_pool *pool, uint32_t generation, int thread) {
+  uint64_t claim = atomic_load_explicit(&pool->claim, memory_order_acquire);
   for (;;) {
-    size_t index = atomic_fetch_add_explicit(&pool->next_task, 1, memory_order_relaxed);
-    if (index >= pool->num_tasks) return;
+    if ((uint32_t)(claim >> 32) != generation) return;
+    /* A stale read of num_tasks is harmless: the CAS below fails if the
+     * job changed, and the index is checked against it once claimed. */
+    if ((uint32_t)claim >= atomic_load_explicit(&pool->num_tasks, memory_order_relaxed)) return;
+    if (!atomic_compare_exchange_weak_explicit(&pool->claim, &claim, claim + 1,
+                                               memory_order_acq_rel, memory_order_acquire)) {
+      continue;
+    }
+    uint32_t index = (uint32_t)claim;
+    if (index >= atomic_load_explicit(&pool->num_tasks, memory_order_relaxed)) return;
     pool->task(pool->arg, index, thread);
+    atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
+    claim = atomic_load_explicit(&pool->claim, memory_order_acquire);
   }
 }
 
@@ -112,8 +133,7 @@ static void *worker_main(void *raw) {
   for (;;) {
     seen = wait_for_new_generation(pool, seen);
     if (atomic_load_explicit(&pool->stop, memory_order_acquire)) return NULL;
-    run_tasks(pool, start.index);
-    atomic_fetch_sub_explicit(&pool->busy_workers, 1, memory_order_release);
+    run_tasks(pool, seen, start.index);
   }
 }
 
@@ -169,18 +189,22 @@ void pa_pool_destroy(pa_pool *pool) {
 }
 
 void pa_pool_run(pa_pool *pool, pa_task_fn task, void *arg, size_t num_tasks) {
-  if (!pool || num_tasks <= 1) {
+  /* Task indices travel in 32 bits; no plan comes near that many items. */
+  if (!pool || num_tasks <= 1 || num_tasks > UINT32_MAX) {
     for (size_t i = 0; i < num_tasks; i++) task(arg, i, 0);
     return;
   }
+  /* Every task of the previous job is done, so nobody reads these now. */
+  uint32_t generation =
+      (uint32_t)(atomic_load_explicit(&pool->claim, memory_order_relaxed) >> 32) + 1;
   pool->task = task;
   pool->arg = arg;
-  pool->num_tasks = num_tasks;
-  atomic_store_explicit(&pool->next_task, 0, memory_order_relaxed);
-  atomic_store_explicit(&pool->busy_workers, pool->num_threads - 1, memory_order_relaxed);
+  atomic_store_explicit(&pool->num_tasks, (uint32_t)num_tasks, memory_order_relaxed);
+  atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
+  atomic_store_explicit(&pool->claim, (uint64_t)generation << 32, memory_order_release);
   publish(pool);
-  run_tasks(pool, 0);
-  for (int spin = 0; atomic_load_explicit(&pool->busy_workers, memory_order_acquire) > 0; spin++) {
+  run_tasks(pool, generation, 0);
+  for (int spin = 0; atomic_load_explicit(&pool->done, memory_order_acquire) < num_tasks; spin++) {
     if (spin < PA_WAIT_SPINS_BEFORE_YIELD) {
       PA_CPU_RELAX();
     } else {
