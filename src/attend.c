@@ -81,28 +81,30 @@ typedef struct pa_item_scratch {
   float *merge;
 } pa_item_scratch;
 
+static void *scratch_at(void *base, size_t offset) { return (char *)base + offset; }
+
 static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
-  char *base = c->thread_scratch[thread];
+  void *base = c->thread_scratch[thread];
   pa_scratch_layout l =
       pa_scratch_layout_for(c->plan->max_rows, c->layer->head_size, c->plan->key_tile);
   pa_item_scratch s = {
-      (const char **)(base + l.range_start),
-      (size_t *)(base + l.range_bytes),
-      base + l.q,
-      base + l.k_packed,
-      base + l.v_packed,
-      (float *)(base + l.o),
-      (float *)(base + l.s),
-      (float *)(base + l.row_max),
-      (float *)(base + l.row_sum),
-      (float *)(base + l.rescale),
-      (float *)(base + l.alibi),
-      (int32_t *)(base + l.position),
-      (int32_t *)(base + l.key_lo),
-      (int32_t *)(base + l.key_hi),
-      (const void **)(base + l.k_rows),
-      (const void **)(base + l.v_rows),
-      (float *)(base + l.merge),
+      .range_start = scratch_at(base, l.range_start),
+      .range_bytes = scratch_at(base, l.range_bytes),
+      .q = scratch_at(base, l.q),
+      .k_packed = scratch_at(base, l.k_packed),
+      .v_packed = scratch_at(base, l.v_packed),
+      .o = scratch_at(base, l.o),
+      .s = scratch_at(base, l.s),
+      .row_max = scratch_at(base, l.row_max),
+      .row_sum = scratch_at(base, l.row_sum),
+      .rescale = scratch_at(base, l.rescale),
+      .alibi = scratch_at(base, l.alibi),
+      .position = scratch_at(base, l.position),
+      .key_lo = scratch_at(base, l.key_lo),
+      .key_hi = scratch_at(base, l.key_hi),
+      .k_rows = scratch_at(base, l.k_rows),
+      .v_rows = scratch_at(base, l.v_rows),
+      .merge = scratch_at(base, l.merge),
   };
   return s;
 }

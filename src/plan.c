@@ -147,8 +147,11 @@ static pa_status make_items(pa_plan *plan, const pa_plan_request *r, const char 
     int heads, rows, kv_per_item = 1;
     if (q_len <= PA_DECODE_ROWS && q_len <= max_rows) {
       rows = q_len;
-      heads = PA_MIN(group, max_rows / rows);
-      if (heads == group) kv_per_item = PA_MIN(r->num_kv_heads, max_rows / (rows * group));
+      heads = max_rows / rows;
+      if (heads >= group) { /* whole groups: as many KV heads as fit */
+        heads = group;
+        kv_per_item = PA_MIN(r->num_kv_heads, max_rows / (rows * group));
+      }
     } else {
       heads = PA_MIN(group, max_rows);
       rows = PA_MAX(1, PA_MIN(PA_TARGET_ROWS, max_rows) / heads);
@@ -175,8 +178,9 @@ static pa_status split_long_items(pa_plan *plan, const pa_plan_request *r, const
     if (item.cost <= 2 * fair) continue;
     int64_t lo, hi;
     item_visible_keys(plan, r->mask, &item, &lo, &hi);
-    int64_t splits = PA_MIN((item.cost + fair - 1) / fair, (hi - lo) / PA_MIN_SPLIT_KEYS);
-    splits = PA_MIN(splits, PA_MAX_SPLITS);
+    int64_t splits = (item.cost + fair - 1) / fair;
+    int64_t most = PA_MIN((hi - lo) / PA_MIN_SPLIT_KEYS, (int64_t)PA_MAX_SPLITS);
+    if (splits > most) splits = most;
     if (splits < 2) continue;
     if (!reserve((void **)&plan->groups, &plan->groups_capacity, plan->num_groups + 1,
                  sizeof *plan->groups)) {

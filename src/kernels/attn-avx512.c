@@ -189,16 +189,12 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
   const float c = t->score_scale * PA_LOG2E;
   __m512 lanes[16];
   for (size_t i0 = 0; i0 < t->m; i0 += 16) {
-    size_t rows = t->m - i0 < 16 ? t->m - i0 : 16;
-    for (size_t r = 0; r < 16; r++) {
-      if (r >= rows) {
-        lanes[r] = _mm512_set1_ps(-INFINITY);
-      } else if (plain) {
-        lanes[r] = raw_max_row(t->n, s + (i0 + r) * lds);
-      } else {
-        lanes[r] = logits_row(t, i0 + r, s + (i0 + r) * lds);
-      }
+    size_t rows = t->m - i0 < 16 ? t->m - i0 : 16; /* >= 1 as i0 < m */
+    for (size_t r = 0; r < rows; r++) {            // cppcheck-suppress knownConditionTrueFalse
+      float *row = s + (i0 + r) * lds;
+      lanes[r] = plain ? raw_max_row(t->n, row) : logits_row(t, i0 + r, row);
     }
+    for (size_t r = rows; r < 16; r++) lanes[r] = _mm512_set1_ps(-INFINITY);
     __m512 tile_max = pa512_reduce16_with(lanes, pa512_max);
     if (plain) tile_max = _mm512_mul_ps(tile_max, _mm512_set1_ps(c));
     __mmask16 m = pa512_tail_mask(rows);
@@ -212,9 +208,8 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
     _mm512_mask_storeu_ps(t->rescale + i0, m, correction);
     __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, t->row_sum + i0), correction);
 
-    for (size_t r = 0; r < 16; r++) {
-      lanes[r] = _mm512_setzero_ps();
-      if (r >= rows) continue;
+    for (size_t r = 0; r < 16; r++) lanes[r] = _mm512_setzero_ps();
+    for (size_t r = 0; r < rows; r++) {  // cppcheck-suppress knownConditionTrueFalse
       float *row = s + (i0 + r) * lds;
       float shift = t->row_max[i0 + r];
       if (shift == -INFINITY) { /* no key seen yet: nothing to weigh */

@@ -199,17 +199,17 @@ static void load_q_raw(void *dst, const void *src, size_t n, float factor) {
 
 void pa_attn_kernels_avx512bf16(pa_kernels *k) {
   pa_bf16_tables_init();
-  static const pa_qk_fn qk[PA_NUM_DTYPES] = {
+  static const pa_qk_fn qk_fns[PA_NUM_DTYPES] = {
       [PA_BF16] = qk_bf16, [PA_FP8_E4M3] = qk_e4m3, [PA_FP8_E5M2] = qk_e5m2};
-  static const pa_pv_fn pv[PA_NUM_DTYPES] = {
+  static const pa_pv_fn pv_fns[PA_NUM_DTYPES] = {
       [PA_BF16] = pv_bf16, [PA_FP8_E4M3] = pv_e4m3, [PA_FP8_E5M2] = pv_e5m2};
   for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
-    if (!qk[cache]) continue;
+    if (!qk_fns[cache]) continue;
     pa_attn_ops *ops = &k->attn[PA_BF16][cache];
     ops->load_q = load_q_raw;
     ops->q_size = 2;
     ops->scale_scores = 1;
-    ops->qk = qk[cache];
-    ops->pv = pv[cache];
+    ops->qk = qk_fns[cache];
+    ops->pv = pv_fns[cache];
   }
 }

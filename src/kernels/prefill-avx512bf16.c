@@ -24,7 +24,7 @@ PA_INLINE void pack_k_pairs(pa_bf16_loader load, size_t elem, const uint16_t *ta
       }
       pa512_transpose16(block);
       for (size_t p = 0; p < 16 && e0 / 2 + p < pairs; p++) {
-        _mm512_storeu_ps((float *)kt + (e0 / 2 + p) * PA_PACK_KEYS + j0, block[p]);
+        _mm512_storeu_si512(kt + (e0 / 2 + p) * PA_PACK_KEYS + j0, _mm512_castps_si512(block[p]));
       }
     }
   }
