@@ -229,7 +229,8 @@ static int by_cost_descending(const void *a, const void *b) {
 pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *caller) {
   size_t seqs = (size_t)r->num_seqs;
   /* q_starts and kv_lens share one allocation: [seqs + 1] then [seqs]. */
-  if (!reserve((void **)&plan->lengths, &plan->lengths_capacity, 2 * seqs + 1, sizeof(int32_t))) {
+  if (!reserve((void **)&plan->lengths, &plan->lengths_capacity, 2 * seqs + 1, sizeof(int32_t)) ||
+      !plan->lengths) {
     return out_of_memory(caller);
   }
   plan->q_starts = plan->lengths;

@@ -216,12 +216,12 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
   static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
                           const void *const *k_rows, float *s, size_t lds,                       \
                           pa_prefetch *prefetch) {                                               \
-    qk(&bytes, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                       \
+    qk(&(bytes), m, n, d, q, ldq, k_rows, s, lds, prefetch);                                     \
   }                                                                                              \
   static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
                           const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
                           pa_prefetch *prefetch) {                                               \
-    pv(&bytes, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                              \
+    pv(&(bytes), m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                            \
   }
 
 PA_DEFINE_QK_PV(e4m3, pa_e4m3_bytes)

@@ -30,7 +30,7 @@ PA_INLINE void pack_bf16(void *out, __m256 x) { _mm_storeu_si128(out, pa256_to_b
 
 #define PA_DEFINE_STORE_ROW(name, elem_t, pack)                                           \
   static void name(void *dst, const float *src, size_t n, float factor) {                 \
-    elem_t *out = dst;                                                                    \
+    elem_t *out = dst; /* NOLINT(bugprone-macro-parentheses): a type */                   \
     __m256 f = _mm256_set1_ps(factor);                                                    \
     size_t i = 0;                                                                         \
     for (; i + 8 <= n; i += 8) pack(out + i, _mm256_mul_ps(_mm256_loadu_ps(src + i), f)); \

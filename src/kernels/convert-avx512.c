@@ -31,7 +31,7 @@ PA_INLINE void store_bf16_lanes(void *out, __mmask16 m, __m512 x) {
 
 #define PA_DEFINE_STORE_ROW(name, elem_t, store)                                  \
   static void name(void *dst, const float *src, size_t n, float factor) {         \
-    elem_t *out = dst;                                                            \
+    elem_t *out = dst; /* NOLINT(bugprone-macro-parentheses): a type */           \
     __m512 f = _mm512_set1_ps(factor);                                            \
     for (size_t i = 0; i < n; i += 16) {                                          \
       __mmask16 m = pa512_tail_mask(n - i);                                       \
