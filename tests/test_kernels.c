@@ -43,14 +43,7 @@ static void random_elements(tu_rng *rng, pa_dtype dtype, void *out, size_t n) {
 }
 
 static float element(pa_dtype dtype, const void *row, size_t e) {
-  switch (dtype) {
-    case PA_F32: return ((const float *)row)[e];
-    case PA_F16: return pa_f16_to_f32(((const uint16_t *)row)[e]);
-    case PA_BF16: return pa_bf16_to_f32(((const uint16_t *)row)[e]);
-    case PA_FP8_E4M3: return pa_e4m3_to_f32(((const uint8_t *)row)[e]);
-    case PA_FP8_E5M2: return pa_e5m2_to_f32(((const uint8_t *)row)[e]);
-  }
-  return 0.0f;
+  return pa_decode_element(dtype, row, e);
 }
 
 /* n rows of d elements, each in its own allocation at an odd offset, so

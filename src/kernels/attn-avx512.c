@@ -233,15 +233,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
 }
 
 void pa_attn_kernels_avx512(pa_kernels *k) {
-  k->qk[PA_F32] = qk_f32;
-  k->qk[PA_F16] = qk_f16;
-  k->qk[PA_BF16] = qk_bf16;
-  k->qk[PA_FP8_E4M3] = qk_e4m3;
-  k->qk[PA_FP8_E5M2] = qk_e5m2;
-  k->pv[PA_F32] = pv_f32;
-  k->pv[PA_F16] = pv_f16;
-  k->pv[PA_BF16] = pv_bf16;
-  k->pv[PA_FP8_E4M3] = pv_e4m3;
-  k->pv[PA_FP8_E5M2] = pv_e5m2;
+  PA_SET_PER_DTYPE(k->qk, qk);
+  PA_SET_PER_DTYPE(k->pv, pv);
   k->softmax = softmax;
 }

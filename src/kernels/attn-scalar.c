@@ -7,21 +7,7 @@
 
 /* Each K/V row is decoded once into f32 and then used by every query row. */
 static void decode_row(pa_dtype dtype, const void *src, size_t d, float *dst) {
-  switch (dtype) {
-    case PA_F32: memcpy(dst, src, d * sizeof(float)); break;
-    case PA_F16:
-      for (size_t e = 0; e < d; e++) dst[e] = pa_f16_to_f32(((const uint16_t *)src)[e]);
-      break;
-    case PA_BF16:
-      for (size_t e = 0; e < d; e++) dst[e] = pa_bf16_to_f32(((const uint16_t *)src)[e]);
-      break;
-    case PA_FP8_E4M3:
-      for (size_t e = 0; e < d; e++) dst[e] = pa_e4m3_to_f32(((const uint8_t *)src)[e]);
-      break;
-    case PA_FP8_E5M2:
-      for (size_t e = 0; e < d; e++) dst[e] = pa_e5m2_to_f32(((const uint8_t *)src)[e]);
-      break;
-  }
+  for (size_t e = 0; e < d; e++) dst[e] = pa_decode_element(dtype, src, e);
 }
 
 static void qk(pa_dtype dtype, size_t m, size_t n, size_t d, const float *q, size_t ldq,
@@ -122,15 +108,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
 }
 
 void pa_attn_kernels_scalar(pa_kernels *k) {
-  k->qk[PA_F32] = qk_f32;
-  k->qk[PA_F16] = qk_f16;
-  k->qk[PA_BF16] = qk_bf16;
-  k->qk[PA_FP8_E4M3] = qk_e4m3;
-  k->qk[PA_FP8_E5M2] = qk_e5m2;
-  k->pv[PA_F32] = pv_f32;
-  k->pv[PA_F16] = pv_f16;
-  k->pv[PA_BF16] = pv_bf16;
-  k->pv[PA_FP8_E4M3] = pv_e4m3;
-  k->pv[PA_FP8_E5M2] = pv_e5m2;
+  PA_SET_PER_DTYPE(k->qk, qk);
+  PA_SET_PER_DTYPE(k->pv, pv);
   k->softmax = softmax;
 }

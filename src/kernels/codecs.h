@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../common.h"
+
 static inline uint32_t pa_f32_bits(float value) {
   uint32_t bits;
   memcpy(&bits, &value, sizeof bits);
@@ -109,6 +111,18 @@ static inline uint8_t pa_f32_to_e5m2(float value) {
   if (abs_bits > 0x7f800000u) return sign | 0x7fu;
   uint32_t code = abs_bits == 0x7f800000u ? 0x7bu : pa_round_to_minifloat(abs_bits, 2, 15);
   return (uint8_t)(sign | (code > 0x7bu ? 0x7bu : code)); /* 0x7b = 57344 */
+}
+
+/* Element e of a row of any dtype, as f32. */
+static inline float pa_decode_element(pa_dtype dtype, const void *row, size_t e) {
+  switch (dtype) {
+    case PA_F32: return ((const float *)row)[e];
+    case PA_F16: return pa_f16_to_f32(((const uint16_t *)row)[e]);
+    case PA_BF16: return pa_bf16_to_f32(((const uint16_t *)row)[e]);
+    case PA_FP8_E4M3: return pa_e4m3_to_f32(((const uint8_t *)row)[e]);
+    case PA_FP8_E5M2: return pa_e5m2_to_f32(((const uint8_t *)row)[e]);
+  }
+  return 0.0f;
 }
 
 #endif

@@ -153,6 +153,17 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
   return rescale ? rescale + i : NULL;
 }
 
+/* Fills table[dtype] with the five functions prefix_f32 .. prefix_e5m2 of a
+ * registration function's file. */
+#define PA_SET_PER_DTYPE(table, prefix)   \
+  do {                                    \
+    (table)[PA_F32] = prefix##_f32;       \
+    (table)[PA_F16] = prefix##_f16;       \
+    (table)[PA_BF16] = prefix##_bf16;     \
+    (table)[PA_FP8_E4M3] = prefix##_e4m3; \
+    (table)[PA_FP8_E5M2] = prefix##_e5m2; \
+  } while (0)
+
 /* Registration: each fills the entries of one operation file. */
 void pa_convert_kernels_scalar(pa_kernels *k);
 void pa_attn_kernels_scalar(pa_kernels *k);

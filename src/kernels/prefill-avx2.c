@@ -156,16 +156,8 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
 }
 
 void pa_prefill_kernels_avx2(pa_kernels *k) {
-  k->pack_k[PA_F32] = pack_k_f32;
-  k->pack_k[PA_F16] = pack_k_f16;
-  k->pack_k[PA_BF16] = pack_k_bf16;
-  k->pack_k[PA_FP8_E4M3] = pack_k_e4m3;
-  k->pack_k[PA_FP8_E5M2] = pack_k_e5m2;
-  k->pack_v[PA_F32] = pack_v_f32;
-  k->pack_v[PA_F16] = pack_v_f16;
-  k->pack_v[PA_BF16] = pack_v_bf16;
-  k->pack_v[PA_FP8_E4M3] = pack_v_e4m3;
-  k->pack_v[PA_FP8_E5M2] = pack_v_e5m2;
+  PA_SET_PER_DTYPE(k->pack_k, pack_k);
+  PA_SET_PER_DTYPE(k->pack_v, pack_v);
   k->qk_packed = qk_packed;
   k->pv_packed = pv_packed;
 }

@@ -3,24 +3,13 @@
 #include "codecs.h"
 #include "kernels.h"
 
-static float decode(pa_dtype dtype, const void *row, size_t e) {
-  switch (dtype) {
-    case PA_F32: return ((const float *)row)[e];
-    case PA_F16: return pa_f16_to_f32(((const uint16_t *)row)[e]);
-    case PA_BF16: return pa_bf16_to_f32(((const uint16_t *)row)[e]);
-    case PA_FP8_E4M3: return pa_e4m3_to_f32(((const uint8_t *)row)[e]);
-    case PA_FP8_E5M2: return pa_e5m2_to_f32(((const uint8_t *)row)[e]);
-  }
-  return 0.0f;
-}
-
 static size_t v_stride(size_t d) { return (d + 15) / 16 * 16; }
 
 static void pack_k(pa_dtype dtype, void *dst, const void *const *rows, size_t n, size_t d) {
   float *kt = dst;
   for (size_t e = 0; e < d; e++) {
     for (size_t j = 0; j < PA_PACK_KEYS; j++) {
-      kt[e * PA_PACK_KEYS + j] = j < n ? decode(dtype, rows[j], e) : 0.0f;
+      kt[e * PA_PACK_KEYS + j] = j < n ? pa_decode_element(dtype, rows[j], e) : 0.0f;
     }
   }
 }
@@ -29,7 +18,8 @@ static void pack_v(pa_dtype dtype, void *dst, const void *const *rows, size_t n,
   float *v = dst;
   size_t ldv = v_stride(d);
   for (size_t j = 0; j < n; j++) {
-    for (size_t e = 0; e < ldv; e++) v[j * ldv + e] = e < d ? decode(dtype, rows[j], e) : 0.0f;
+    for (size_t e = 0; e < ldv; e++)
+      v[j * ldv + e] = e < d ? pa_decode_element(dtype, rows[j], e) : 0.0f;
   }
 }
 
@@ -75,16 +65,8 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
 }
 
 void pa_prefill_kernels_scalar(pa_kernels *k) {
-  k->pack_k[PA_F32] = pack_k_f32;
-  k->pack_k[PA_F16] = pack_k_f16;
-  k->pack_k[PA_BF16] = pack_k_bf16;
-  k->pack_k[PA_FP8_E4M3] = pack_k_e4m3;
-  k->pack_k[PA_FP8_E5M2] = pack_k_e5m2;
-  k->pack_v[PA_F32] = pack_v_f32;
-  k->pack_v[PA_F16] = pack_v_f16;
-  k->pack_v[PA_BF16] = pack_v_bf16;
-  k->pack_v[PA_FP8_E4M3] = pack_v_e4m3;
-  k->pack_v[PA_FP8_E5M2] = pack_v_e5m2;
+  PA_SET_PER_DTYPE(k->pack_k, pack_k);
+  PA_SET_PER_DTYPE(k->pack_v, pack_v);
   k->qk_packed = qk_packed;
   k->pv_packed = pv_packed;
 }
