@@ -216,14 +216,36 @@ static pa_status split_long_items(pa_plan *plan, const pa_plan_request *r, const
   return PA_OK;
 }
 
-static int by_cost_descending(const void *a, const void *b) {
-  const pa_plan_item *x = a, *y = b;
-  if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
-  if (x->seq != y->seq) return x->seq < y->seq ? -1 : 1;
-  if (x->kv_begin != y->kv_begin) return x->kv_begin < y->kv_begin ? -1 : 1;
-  if (x->head_begin != y->head_begin) return x->head_begin < y->head_begin ? -1 : 1;
-  if (x->row_begin != y->row_begin) return x->row_begin < y->row_begin ? -1 : 1;
-  return x->key_begin < y->key_begin ? -1 : (x->key_begin > y->key_begin);
+/* Longest first, then by position for a deterministic order. */
+static int before(const pa_plan_item *x, const pa_plan_item *y) {
+  if (x->cost != y->cost) return x->cost > y->cost;
+  if (x->seq != y->seq) return x->seq < y->seq;
+  if (x->kv_begin != y->kv_begin) return x->kv_begin < y->kv_begin;
+  if (x->head_begin != y->head_begin) return x->head_begin < y->head_begin;
+  if (x->row_begin != y->row_begin) return x->row_begin < y->row_begin;
+  return x->key_begin < y->key_begin;
+}
+
+static void sift_down(pa_plan_item *items, size_t root, size_t count) {
+  for (size_t child; (child = 2 * root + 1) < count; root = child) {
+    if (child + 1 < count && before(&items[child], &items[child + 1])) child++;
+    if (!before(&items[root], &items[child])) return;
+    pa_plan_item swap = items[root];
+    items[root] = items[child];
+    items[child] = swap;
+  }
+}
+
+/* Heapsort: in place, so planning inside a call allocates nothing (glibc's
+ * qsort may malloc a merge buffer). */
+static void sort_items(pa_plan_item *items, size_t count) {
+  for (size_t i = count / 2; i-- > 0;) sift_down(items, i, count);
+  for (size_t end = count; end-- > 1;) {
+    pa_plan_item swap = items[0];
+    items[0] = items[end];
+    items[end] = swap;
+    sift_down(items, 0, end);
+  }
 }
 
 pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *caller) {
@@ -254,9 +276,7 @@ pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *cal
   pa_status status = make_items(plan, r, caller);
   if (status == PA_OK) status = split_long_items(plan, r, caller);
   if (status != PA_OK) return status;
-  if (plan->num_items > 1) {
-    qsort(plan->items, plan->num_items, sizeof *plan->items, by_cost_descending);
-  }
+  sort_items(plan->items, plan->num_items);
   plan->scratch_bytes = pa_scratch_layout_for(plan->max_rows, r->head_size, plan->key_tile).total;
   return PA_OK;
 }
