@@ -468,8 +468,11 @@ double fz_logit_error(const pa_layer_config *cfg, double q_mag, double k_mag, in
   for (int h = 0; cfg->alibi_slopes && h < cfg->num_heads; h++)
     slope = fmax(slope, fabs((double)cfg->alibi_slopes[h]));
   double u = ldexp(1.0, -22); /* two f32 roundings per term, generously */
+  /* The f32 sums of up to max_dist terms (softmax denominator, P V) err by
+   * at most max_dist roundings relative: as good as a logit that far off. */
   return u * (scale * cfg->head_size * q_mag * k_mag + slope * (double)max_dist +
-              (double)cfg->logits_soft_cap);
+              (double)cfg->logits_soft_cap) +
+         ldexp((double)max_dist, -24);
 }
 
 void fz_check_attention(const char *entry, pa_dtype act, const pa_layer_config *cfg, int64_t rows,

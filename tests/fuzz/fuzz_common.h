@@ -169,7 +169,8 @@ ref_layer fz_ref_layer(const pa_layer_config *cfg);
 
 /* A bound on the f32 error of one logit: the dot product's (d terms of at
  * most q_mag * k_mag, times the scale), ALiBi's bias over max_dist
- * positions and the soft-cap's tanh. The hx tolerances assume logits of
+ * positions and the soft-cap's tanh; plus the relative error of sums over
+ * max_dist keys, which moves the output as much. The hx tolerances assume logits of
  * modest size (scale 1/sqrt(d)); a fuzzed layer may have scale 1 and
  * d = 1024, where an error of this size moves the softmax. */
 double fz_logit_error(const pa_layer_config *cfg, double q_mag, double k_mag, int64_t max_dist);
