@@ -37,7 +37,8 @@ static pa_status check_block_tables(const pa_batch *batch, const pa_kv_cache *ca
                      caller, s, (long long)seq_len, (long long)blocks, cache->block_size,
                      batch->block_table_stride);
     }
-    if (blocks > 0 && !batch->block_tables) {
+    if (blocks == 0) continue; /* block_tables may be NULL: no row of it is formed */
+    if (!batch->block_tables) {
       return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: block_tables is NULL", caller);
     }
     const int32_t *row = batch->block_tables + (int64_t)s * batch->block_table_stride;
