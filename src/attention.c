@@ -96,6 +96,14 @@ static pa_status check_io(const pa_layer *layer, int64_t rows, const void *query
   return pa_check_rows(rows, out_stride, width, size, caller, "out_stride");
 }
 
+/* Bytes from one row of a tensor to the next. Only a tensor of two or more
+ * rows steps by them, and for those pa_check_rows has bounded stride * size;
+ * a lone row's stride may be anything (up to INT64_MAX) and the product
+ * would overflow. */
+static int64_t row_bytes(int64_t rows, int64_t stride, size_t size) {
+  return rows > 1 ? stride * (int64_t)size : 0;
+}
+
 /* Makes the plan if the caller gave none, reserves scratch, and runs. */
 static pa_status plan_reserve_run(pa_context *ctx, const pa_layer *layer, const pa_plan *plan,
                                   const pa_plan_request *request, pa_attention_call *call,
@@ -151,9 +159,9 @@ pa_status pa_paged_attention(pa_context *ctx, const pa_layer *layer, const pa_pl
   int64_t token_bytes = (int64_t)cache->head_size * (int64_t)kv_size;
   pa_attention_call call = {
       .query = query,
-      .query_row_bytes = query_stride * (int64_t)act_size,
+      .query_row_bytes = row_bytes(rows, query_stride, act_size),
       .out = out,
-      .out_row_bytes = out_stride * (int64_t)act_size,
+      .out_row_bytes = row_bytes(rows, out_stride, act_size),
       .lse = lse,
       .kv = {.key = cache->key,
              .value = cache->value,
@@ -213,17 +221,17 @@ pa_status pa_varlen_attention(pa_context *ctx, const pa_layer *layer, const void
 
   pa_attention_call call = {
       .query = query,
-      .query_row_bytes = query_stride * (int64_t)act_size,
+      .query_row_bytes = row_bytes(rows, query_stride, act_size),
       .out = out,
-      .out_row_bytes = out_stride * (int64_t)act_size,
+      .out_row_bytes = row_bytes(rows, out_stride, act_size),
       .lse = lse,
       .kv = {.key = key,
              .value = value,
              .dtype = layer->dtype,
              .row_starts = cu_seqlens_k,
              .head_bytes = (int64_t)layer->head_size * (int64_t)act_size,
-             .key_row_bytes = key_stride * (int64_t)act_size,
-             .value_row_bytes = value_stride * (int64_t)act_size},
+             .key_row_bytes = row_bytes(keys, key_stride, act_size),
+             .value_row_bytes = row_bytes(keys, value_stride, act_size)},
       .q_factor = layer->scale,
       .v_factor = 1.0f,
   };

@@ -360,6 +360,90 @@ static void test_long_sequences(void) {
   unmap_cache(&big);
 }
 
+/* ---- strides of a single row ---------------------------------------------- */
+
+/* One row's stride is never used to reach another row, so any stride the
+ * extent check accepts is legal: up to INT64_MAX for a row whose width fits.
+ * The library must not compute stride * element size for it (signed
+ * overflow, found by fuzz_varlen_attention). */
+static void test_lone_row_strides(void) {
+  const char *tag = "one row with a stride near INT64_MAX";
+  ref_layer ref;
+  float slopes[NH], sinks[NH];
+  pa_layer *layer = make_layer(0, 1, &ref, slopes, sinks);
+  if (!layer) return;
+  enum { KEYS = 5 };
+  tu_rng rng;
+  tu_rng_seed(&rng, 5);
+  float query[QW], krows[KEYS * W], vrows[KEYS * W], out[2 * QW], lse[NH + 4];
+  hx_fill_rows(&rng, query, QW, 1, QW, PA_F32, 1.0);
+  hx_fill_rows(&rng, krows, W, KEYS, W, PA_F32, 1.0);
+  hx_fill_rows(&rng, vrows, W, KEYS, W, PA_F32, 1.0);
+  static const int64_t strides[] = {INT64_MAX, INT64_MAX / 2, INT64_MAX / 4 + 1, (int64_t)1 << 61};
+  double q[QW], k[KEYS * W], v[KEYS * W], ref_out[QW], ref_lse[NH], vmax[1] = {0};
+  ref_load_rows(query, QW, REF_F32, 0, 1, QW, q);
+  ref_load_rows(krows, W, REF_F32, 0, KEYS, W, k);
+  ref_load_rows(vrows, W, REF_F32, 0, KEYS, W, v);
+  for (int i = 0; i < KEYS * W; i++) vmax[0] = fmax(vmax[0], fabs(v[i]));
+  ref_attention_seq(&ref, 1, KEYS, q, k, v, ref_out, ref_lse);
+
+  /* Dense: one query row, one output row; the keys in one row each of
+   * their own varlen sequence would need a stride, so a single key row. */
+  int32_t cu_q[2] = {0, 1}, cu_k[2] = {0, KEYS};
+  for (int i = 0; i < 4; i++) {
+    tu_fill_canary(out, sizeof out);
+    tu_fill_canary(lse, sizeof lse);
+    pa_status st = pa_varlen_attention(g_ctx[i % 2], layer, query, strides[i], krows, W, vrows, W,
+                                       1, cu_q, cu_k, out, strides[3 - i], lse);
+    TU_CHECK(st == PA_OK, "%s: pa_varlen_attention: %s", tag, pa_last_error());
+    if (st == PA_OK)
+      hx_check_outputs(tag, PA_F32, NH, HS, 1, out, QW, 1, lse, 4, ref_out, ref_lse, vmax);
+  }
+  /* One key row: its stride is free too. */
+  double ref1_out[QW], ref1_lse[NH];
+  ref_attention_seq(&ref, 1, 1, q, k, v, ref1_out, ref1_lse);
+  int32_t one_k[2] = {0, 1};
+  for (int i = 0; i < 4; i++) {
+    tu_fill_canary(out, sizeof out);
+    pa_status st = pa_varlen_attention(g_ctx[1], layer, query, QW, krows, strides[i], vrows,
+                                       strides[3 - i], 1, cu_q, one_k, out, QW, NULL);
+    TU_CHECK(st == PA_OK, "%s: pa_varlen_attention, one key: %s", tag, pa_last_error());
+    if (st == PA_OK)
+      hx_check_outputs(tag, PA_F32, NH, HS, 1, out, QW, 1, NULL, 0, ref1_out, ref1_lse, vmax);
+  }
+
+  /* Paged: one query row over a small cache. */
+  pa_kv_cache cache = {NULL, NULL, 2, BS, NKV, HS, PA_F32, 1.0f, 1.0f};
+  cache.key = tu_calloc(1, hx_cache_bytes(&cache));
+  cache.value = tu_calloc(1, hx_cache_bytes(&cache));
+  int64_t slots[KEYS];
+  for (int i = 0; i < KEYS; i++) slots[i] = BS + i; /* block 1 */
+  pa_status st = pa_write_kv(g_ctx[0], &cache, krows, W, vrows, W, PA_F32, KEYS, slots);
+  TU_CHECK(st == PA_OK, "%s: pa_write_kv: %s", tag, pa_last_error());
+  /* pa_write_kv of one token: its strides are free as well. */
+  for (int i = 0; i < 4; i++) {
+    int64_t slot = BS + KEYS - 1;
+    st = pa_write_kv(g_ctx[i % 2], &cache, krows + (KEYS - 1) * W, strides[i],
+                     vrows + (KEYS - 1) * W, strides[3 - i], PA_F32, 1, &slot);
+    TU_CHECK(st == PA_OK, "%s: pa_write_kv, one token: %s", tag, pa_last_error());
+  }
+  check_written(tag, &cache, BS + KEYS - 1, krows + (KEYS - 1) * W, vrows + (KEYS - 1) * W);
+  int32_t qsl[2] = {0, 1}, seq_lens[1] = {KEYS}, bt[1] = {1};
+  pa_batch batch = {1, qsl, seq_lens, bt, 1};
+  for (int i = 0; i < 4; i++) {
+    tu_fill_canary(out, sizeof out);
+    tu_fill_canary(lse, sizeof lse);
+    st = pa_paged_attention(g_ctx[i % 2], layer, NULL, query, strides[i], &cache, &batch, out,
+                            strides[3 - i], lse);
+    TU_CHECK(st == PA_OK, "%s: pa_paged_attention: %s", tag, pa_last_error());
+    if (st == PA_OK)
+      hx_check_outputs(tag, PA_F32, NH, HS, 1, out, QW, 1, lse, 4, ref_out, ref_lse, vmax);
+  }
+  free(cache.key);
+  free(cache.value);
+  pa_layer_destroy(layer);
+}
+
 int main(void) {
   for (int i = 0; i < 2; i++) {
     if (pa_context_create(i + 1, &g_ctx[i]) != PA_OK) {
@@ -375,6 +459,7 @@ int main(void) {
   test_big_cache(PA_F16, ((int64_t)1 << 27) + 64);
   test_big_cache(PA_F32, ((int64_t)1 << 27) + 64);
   test_long_sequences();
+  test_lone_row_strides();
   printf("test_limits: %.2f s\n", tu_now() - t);
   for (int i = 0; i < 2; i++) pa_context_destroy(g_ctx[i]);
   return tu_finish("test_limits");
