@@ -56,10 +56,17 @@ static void try_layer(fz_in *in, const pa_layer *layer, const pa_layer_config *c
   if (rows == 0) return;
   size_t act = pa_dtype_size(cfg->dtype);
   fz_rows q, k, v, out;
-  fz_rows_alloc(&q, rows, 0, width, width, act, 1);
-  fz_rows_alloc(&k, keys, 0, kw, kw, act, 1);
-  fz_rows_alloc(&v, keys, 0, kw, kw, act, 1);
-  fz_rows_alloc(&out, rows, 1, width + 1, width, act, 1);
+  int backed = fz_rows_alloc(&q, rows, 0, width, width, act, 1);
+  backed &= fz_rows_alloc(&k, keys, 0, kw, kw, act, 1);
+  backed &= fz_rows_alloc(&v, keys, 0, kw, kw, act, 1);
+  backed &= fz_rows_alloc(&out, rows, 1, width + 1, width, act, 1);
+  if (!backed) { /* more than the buffers' budget */
+    fz_rows_free(&q);
+    fz_rows_free(&k);
+    fz_rows_free(&v);
+    fz_rows_free(&out);
+    return;
+  }
   fz_rows_fill(&q, in->at, cfg->dtype, 2.0);
   fz_rows_fill(&k, in->at + 1, cfg->dtype, 2.0);
   fz_rows_fill(&v, in->at + 2, cfg->dtype, 2.0);
