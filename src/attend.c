@@ -54,10 +54,18 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
     if (lse) *lse = -INFINITY;
     return;
   }
-  float total = row_sum;
-  if (layer->sinks) total += exp2f(layer->sinks[head] * PA_LOG2E - row_max);
-  c->kernels->store_row[layer->dtype](dst, o, (size_t)layer->head_size, c->v_factor / total);
-  if (lse) *lse = row_max * PA_LN2 + logf(total);
+  /* The sink joins the denominator; both terms are taken relative to the
+   * larger exponent, so a sink far above every logit cannot overflow. */
+  float top = row_max, keys = 1.0f, sink = 0.0f;
+  if (layer->sinks) {
+    float sink_logit = layer->sinks[head] * PA_LOG2E;
+    top = fmaxf(row_max, sink_logit);
+    keys = exp2f(row_max - top);
+    sink = exp2f(sink_logit - top);
+  }
+  float total = row_sum * keys + sink;
+  c->kernels->store_row[layer->dtype](dst, o, (size_t)layer->head_size, c->v_factor * keys / total);
+  if (lse) *lse = top * PA_LN2 + logf(total);
 }
 
 /* Items with at least this many rows per KV head pack each K/V tile once

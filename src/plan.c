@@ -111,19 +111,20 @@ static int push_item(pa_plan *plan, const pa_plan_item *item) {
 static pa_status push_sequence(pa_plan *plan, const pa_plan_request *r, int s, int rows, int heads,
                                int kv_per_item, const char *caller) {
   int group = r->num_heads / r->num_kv_heads;
-  int q_len = plan->q_starts[s + 1] - plan->q_starts[s];
+  int64_t q_len = plan->q_starts[s + 1] - plan->q_starts[s];
   for (int kv = 0; kv < r->num_kv_heads; kv += kv_per_item) {
     int kv_end = PA_MIN(kv + kv_per_item, r->num_kv_heads);
     for (int h = 0; h < group; h += heads) {
-      for (int row = 0; row < q_len; row += rows) {
+      /* 64-bit: the last step may pass INT32_MAX for a sequence that long. */
+      for (int64_t row = 0; row < q_len; row += rows) {
         pa_plan_item item = {
             .seq = s,
             .kv_begin = kv,
             .kv_end = kv_end,
             .head_begin = kv * group + h,
             .head_end = kv_per_item > 1 ? kv_end * group : kv * group + PA_MIN(h + heads, group),
-            .row_begin = row,
-            .row_end = PA_MIN(row + rows, q_len),
+            .row_begin = (int32_t)row,
+            .row_end = (int32_t)PA_MIN(row + rows, q_len),
             .key_begin = 0,
             .key_end = plan->kv_lens[s],
             .split = -1,

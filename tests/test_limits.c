@@ -444,6 +444,45 @@ static void test_lone_row_strides(void) {
   pa_layer_destroy(layer);
 }
 
+/* A plan for one sequence of INT32_MAX query rows: the planner's row loop
+ * once overflowed int on its last step and ran away. */
+static void test_plan_of_int32_max_rows(void) {
+  pa_layer_config cfg = {
+      .num_heads = 1, .head_size = 1, .attn_type = PA_ATTN_ENCODER_DECODER, .dtype = PA_F32};
+  pa_layer *layer = NULL;
+  pa_plan *plan = NULL;
+  int32_t qsl[2] = {0, INT32_MAX}, seq_lens[1] = {1};
+  pa_batch batch = {1, qsl, seq_lens, NULL, 0};
+  TU_CHECK(pa_layer_create(&cfg, &layer) == PA_OK, "layer: %s", pa_last_error());
+  pa_status st = pa_plan_create(g_ctx[1], layer, &batch, &plan);
+  TU_CHECK(st == PA_OK, "plan of INT32_MAX rows: %s (%s)", pa_status_string(st), pa_last_error());
+  pa_plan_destroy(plan);
+  pa_layer_destroy(layer);
+}
+
+/* A sink far above every kept logit (by more than f32's exp range): lse is
+ * the sink, the output ~0; once lse came out +inf. */
+static void test_dominant_sink(void) {
+  float sinks[1] = {10.0f};
+  pa_layer_config cfg = {.num_heads = 1,
+                         .head_size = 1,
+                         .scale = 1.0f,
+                         .sinks = sinks,
+                         .attn_type = PA_ATTN_ENCODER_ONLY,
+                         .dtype = PA_F32};
+  pa_layer *layer = NULL;
+  TU_CHECK(pa_layer_create(&cfg, &layer) == PA_OK, "layer: %s", pa_last_error());
+  float q = 8.0f, k = -10.0f, v = 1.0f, out = -1.0f, lse = 0.0f;
+  int32_t cu[2] = {0, 1};
+  pa_status st =
+      pa_varlen_attention(g_ctx[0], layer, &q, 1, &k, 1, &v, 1, 1, cu, cu, &out, 1, &lse);
+  double want_lse = 10.0 + log1p(exp(-90.0)), want_out = exp(-90.0) / (1.0 + exp(-90.0));
+  TU_CHECK(st == PA_OK, "dominant sink: %s", pa_last_error());
+  TU_CHECK(fabs(lse - want_lse) < 1e-5, "dominant sink: lse %g, want %g", (double)lse, want_lse);
+  TU_CHECK(fabs(out - want_out) < 1e-30, "dominant sink: out %g, want %g", (double)out, want_out);
+  pa_layer_destroy(layer);
+}
+
 int main(void) {
   for (int i = 0; i < 2; i++) {
     if (pa_context_create(i + 1, &g_ctx[i]) != PA_OK) {
@@ -460,6 +499,8 @@ int main(void) {
   test_big_cache(PA_F32, ((int64_t)1 << 27) + 64);
   test_long_sequences();
   test_lone_row_strides();
+  test_plan_of_int32_max_rows();
+  test_dominant_sink();
   printf("test_limits: %.2f s\n", tu_now() - t);
   for (int i = 0; i < 2; i++) pa_context_destroy(g_ctx[i]);
   return tu_finish("test_limits");
