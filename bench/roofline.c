@@ -293,34 +293,53 @@ static peak_fn pick_bf16(const pab_machine *m, double *flops_per_iter) {
 
 /* ---- driver ------------------------------------------------------------------------------ */
 
-void pab_roofline_measure(const pab_machine *m, const int *threads, int num_threads,
-                          size_t buf_bytes, double seconds, int reps, pab_roof *out) {
+struct pab_read_probe {
+  read_job job;
+};
+
+pab_read_probe *pab_read_probe_new(const pab_machine *m, size_t buf_bytes, int max_threads) {
   buf_bytes = buf_bytes / 4096 * 4096;
   unsigned char *buf = NULL;
   /* A smaller machine still gets a number; halving stops at 4x L3 so it still measures DRAM. */
   while (!(buf = pab_big_alloc(buf_bytes)) && buf_bytes / 2 >= 4 * m->l3_bytes) buf_bytes /= 2;
   if (!buf) pab_die("cannot allocate the %zu-byte roofline read buffer", buf_bytes);
+  pab_read_probe *p = pab_xmalloc(sizeof *p);
+  p->job = (read_job){buf, buf_bytes, pick_read(m), 1};
+  /* Each thread first-touches the pages it later reads (matters on NUMA machines). */
+  pab_run_parallel(max_threads, 1, read_work, &p->job);
+  p->job.touch = 0;
+  return p;
+}
 
+double pab_read_probe_gbs(pab_read_probe *p, int threads, int reps) {
+  /* One untimed pass settles clocks and the TLB before the timed ones. */
+  pab_run_parallel(threads, 1, read_work, &p->job);
+  double t = pab_run_parallel(threads, reps, read_work, &p->job);
+  return (double)p->job.bytes / t * 1e-9;
+}
+
+void pab_read_probe_free(pab_read_probe *p) {
+  if (!p) return;
+  pab_big_free(p->job.buf);
+  free(p);
+}
+
+void pab_roofline_measure(const pab_machine *m, const int *threads, int num_threads,
+                          size_t buf_bytes, double seconds, int reps, pab_roof *out) {
   int max_threads = 1;
   for (int i = 0; i < num_threads; i++)
     if (threads[i] > max_threads) max_threads = threads[i];
-  read_job rj = {buf, buf_bytes, pick_read(m), 1};
-  pab_run_parallel(max_threads, 1, read_work, &rj);
-  rj.touch = 0;
-
+  pab_read_probe *probe = pab_read_probe_new(m, buf_bytes, max_threads);
   double fma_fpi = 0, bf16_fpi = 0;
   peak_fn fma = pick_fma(m, &fma_fpi), bf16 = pick_bf16(m, &bf16_fpi);
   for (int i = 0; i < num_threads; i++) {
     int n = threads[i];
     out[i].threads = n;
-    /* One untimed pass settles clocks and the TLB before the timed ones. */
-    pab_run_parallel(n, 1, read_work, &rj);
-    double t = pab_run_parallel(n, reps, read_work, &rj);
-    out[i].read_gbs = (double)buf_bytes / t * 1e-9;
+    out[i].read_gbs = pab_read_probe_gbs(probe, n, reps);
     out[i].fma_gflops = fma ? measure_peak(fma, fma_fpi, n, seconds, reps) : -1.0;
     out[i].bf16_gflops = bf16 ? measure_peak(bf16, bf16_fpi, n, seconds, reps) : -1.0;
   }
-  pab_big_free(buf);
+  pab_read_probe_free(probe);
 }
 
 const pab_roof *pab_roof_for(const pab_roof *roofs, int num, int threads) {

@@ -28,6 +28,13 @@ void pab_machine_probe(pab_machine *m);
 void pab_roofline_measure(const pab_machine *m, const int *threads, int num_threads,
                           size_t buf_bytes, double seconds, int reps, pab_roof *out);
 
+/* Streaming-read bandwidth, measured again on demand: a machine shared with others drifts
+ * over a run, so a memory-bound row is judged against a measurement taken just before it. */
+typedef struct pab_read_probe pab_read_probe;
+pab_read_probe *pab_read_probe_new(const pab_machine *m, size_t buf_bytes, int max_threads);
+double pab_read_probe_gbs(pab_read_probe *p, int threads, int reps); /* best of reps passes */
+void pab_read_probe_free(pab_read_probe *p);
+
 /* The row for a thread count (the measured one with the same count, else NULL). */
 const pab_roof *pab_roof_for(const pab_roof *roofs, int num, int threads);
 

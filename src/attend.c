@@ -70,7 +70,7 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
 
 /* Items with at least this many rows per KV head pack each K/V tile once
  * for all of them; fewer rows read the cache rows directly. */
-enum { PA_PACKED_MIN_ROWS = 16, PA_DIRECT_TILE = 32 };
+enum { PA_PACKED_MIN_ROWS = 16 };
 
 static int item_is_packed(const pa_plan_item *item) {
   return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin) >= PA_PACKED_MIN_ROWS;
@@ -260,14 +260,21 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
   }
 }
 
+/* Keys per tile of a direct (decode) item. Short tiles keep the next tile,
+ * requested while this one computes, close to where it is read: measured
+ * best for 2-byte caches in small blocks. FP8 decode is compute-bound and
+ * large blocks are contiguous anyway: there fewer, longer kernel calls win. */
+static size_t direct_tile(const pa_kv_source *kv) {
+  int long_tiles = pa_dtype_size(kv->dtype) == 1 || !kv->block_tables || kv->block_size >= 64;
+  return long_tiles ? 64 : 32;
+}
+
 static void attend_item(const pa_attention_call *c, const pa_plan_item *item, int thread) {
   pa_item_scratch s = carve_scratch(c, thread);
   size_t d = (size_t)c->layer->head_size, lds_tile = (size_t)c->plan->key_tile;
   int64_t lo, hi;
   size_t m = load_queries(c, item, &s, &lo, &hi);
-  /* Packed tiles are PA_PACK_KEYS wide; direct (decode) tiles are shorter,
-   * which keeps the data requested ahead close to where it is read. */
-  size_t tile = item_is_packed(item) ? lds_tile : PA_DIRECT_TILE;
+  size_t tile = item_is_packed(item) ? lds_tile : direct_tile(&c->kv);
   memset(s.o, 0, m * d * sizeof(float));
   for (size_t i = 0; i < m; i++) {
     s.row_max[i] = -INFINITY;
