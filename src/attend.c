@@ -260,12 +260,15 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
   }
 }
 
-/* Keys per tile of a direct (decode) item. Short tiles keep the next tile,
- * requested while this one computes, close to where it is read: measured
- * best for 2-byte caches in small blocks. FP8 decode is compute-bound and
- * large blocks are contiguous anyway: there fewer, longer kernel calls win. */
-static size_t direct_tile(const pa_kv_source *kv) {
-  int long_tiles = pa_dtype_size(kv->dtype) == 1 || !kv->block_tables || kv->block_size >= 64;
+/* Keys per tile of a direct (decode) item over `keys` keys. Short tiles keep
+ * the next tile, requested while this one computes, close to where it is
+ * read: measured best for long sequences of 2-byte caches in small blocks.
+ * FP8 decode is compute-bound, large blocks are contiguous anyway, and a
+ * short sequence is mostly per-call overhead: there fewer, longer kernel
+ * calls win. */
+static size_t direct_tile(const pa_kv_source *kv, int64_t keys) {
+  int long_tiles =
+      pa_dtype_size(kv->dtype) == 1 || !kv->block_tables || kv->block_size >= 64 || keys <= 256;
   return long_tiles ? 64 : 32;
 }
 
@@ -274,7 +277,8 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   size_t d = (size_t)c->layer->head_size, lds_tile = (size_t)c->plan->key_tile;
   int64_t lo, hi;
   size_t m = load_queries(c, item, &s, &lo, &hi);
-  size_t tile = item_is_packed(item) ? lds_tile : direct_tile(&c->kv);
+  int64_t keys = hi > lo ? hi - lo : 0; /* lo > hi when no row sees a key */
+  size_t tile = item_is_packed(item) ? lds_tile : direct_tile(&c->kv, keys);
   memset(s.o, 0, m * d * sizeof(float));
   for (size_t i = 0; i < m; i++) {
     s.row_max[i] = -INFINITY;
