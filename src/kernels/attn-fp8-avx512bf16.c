@@ -85,13 +85,30 @@ PA_INLINE void qk_block(const int rows, const int keys, const pa_fp8_tables *t, 
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
   for (size_t g = 0; g < d; g += 64) {
     __mmask64 m = tail_mask64(d - g);
-    for (int j = 0; j < keys; j++) {
-      __m512i first, second;
-      to_bf16x64(load64((const uint8_t *)k[j] + g, m), t, &first, &second);
+    if (keys <= 4) {
+      /* Few keys: convert them all first, then load each Q chunk once for
+       * all of them (registers: 16 sums, 8 keys' halves, 2 of Q). */
+      __m512i first[4], second[4];
+      for (int j = 0; j < keys; j++) {
+        to_bf16x64(load64((const uint8_t *)k[j] + g, m), t, &first[j], &second[j]);
+      }
       for (int r = 0; r < rows; r++) {
         const uint16_t *qr = q + r * ldq + g;
-        acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr), first);
-        acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr + 32), second);
+        __m512i q0 = _mm512_loadu_si512(qr), q1 = _mm512_loadu_si512(qr + 32);
+        for (int j = 0; j < keys; j++) {
+          acc[r * keys + j] = dot(acc[r * keys + j], q0, first[j]);
+          acc[r * keys + j] = dot(acc[r * keys + j], q1, second[j]);
+        }
+      }
+    } else {
+      for (int j = 0; j < keys; j++) {
+        __m512i first, second;
+        to_bf16x64(load64((const uint8_t *)k[j] + g, m), t, &first, &second);
+        for (int r = 0; r < rows; r++) {
+          const uint16_t *qr = q + r * ldq + g;
+          acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr), first);
+          acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr + 32), second);
+        }
       }
     }
   }
