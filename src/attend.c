@@ -279,7 +279,8 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   size_t m = load_queries(c, item, &s, &lo, &hi);
   int64_t keys = hi > lo ? hi - lo : 0; /* lo > hi when no row sees a key */
   size_t tile = item_is_packed(item) ? lds_tile : direct_tile(&c->kv, keys);
-  memset(s.o, 0, m * d * sizeof(float));
+  /* O needs no zeroing: a row's first keys come with a zero correction,
+   * which makes the P V kernel discard what O held (see pa_pv_fn). */
   for (size_t i = 0; i < m; i++) {
     s.row_max[i] = -INFINITY;
     s.row_sum[i] = 0.0f;

@@ -84,8 +84,8 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, siz
     size_t col = c0 + 8 * (size_t)c;
     count[c] = col >= d ? 0 : (d - col < 8 ? d - col : 8);
     for (int r = 0; r < rows; r++) {
-      acc[r * chunks + c] = count[c] ? _mm256_mul_ps(pa256_load_f32(o + r * ldo + col, count[c]),
-                                                     pa256_row_scale(rescale, r))
+      acc[r * chunks + c] = count[c] ? pa256_scaled(pa256_load_f32(o + r * ldo + col, count[c]),
+                                                    pa256_row_scale(rescale, r))
                                      : _mm256_setzero_ps();
     }
   }

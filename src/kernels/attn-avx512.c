@@ -71,8 +71,8 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, siz
     size_t col = c0 + 16 * (size_t)c;
     mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
     for (int r = 0; r < rows; r++)
-      acc[r * chunks + c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
-                                          pa512_row_scale(rescale, r));
+      acc[r * chunks + c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
+                                         pa512_row_scale(rescale, r));
   }
   for (size_t j = 0; j < n; j++) {
     pa_prefetch_step(prefetch, j, 1, n);

@@ -101,8 +101,8 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa_bf16_loader load, s
     __mmask16 m0 = pa512_tail_mask(left), m1 = pa512_tail_mask(left > 16 ? left - 16 : 0);
     for (int r = 0; r < rows; r++) {
       __m512 scale = pa512_row_scale(rescale, r);
-      __m512 o0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, o + r * ldo + col), scale);
-      __m512 o1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, o + r * ldo + col + 16), scale);
+      __m512 o0 = pa512_scaled(_mm512_maskz_loadu_ps(m0, o + r * ldo + col), scale);
+      __m512 o1 = pa512_scaled(_mm512_maskz_loadu_ps(m1, o + r * ldo + col + 16), scale);
       low[r][c] = _mm512_permutex2var_ps(o0, to_low, o1);
       high[r][c] = _mm512_permutex2var_ps(o0, to_high, o1);
     }

@@ -169,7 +169,7 @@ PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t
   for (int r = 0; r < rows; r++) {
     __m512 scale = pa512_row_scale(rescale, r);
     for (int c = 0; c < 4; c++) {
-      acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + g + 16 * c), scale);
+      acc[r][c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + g + 16 * c), scale);
     }
     transpose_blocks(acc[r]);
   }

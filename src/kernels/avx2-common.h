@@ -24,6 +24,12 @@ PA_INLINE __m256 pa256_row_scale(const float *rescale, int r) {
   return _mm256_set1_ps(rescale ? rescale[r] : 1.0f);
 }
 
+/* O times its factor; a zero factor discards O, which may be uninitialised. */
+PA_INLINE __m256 pa256_scaled(__m256 o, __m256 scale) {
+  __m256 keep = _mm256_cmp_ps(scale, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+  return _mm256_and_ps(keep, _mm256_mul_ps(o, scale));
+}
+
 PA_INLINE __m256 pa256_load_f32(const void *p, size_t count) {
   float buffer[8];
   return _mm256_loadu_ps(pa256_partial(p, count, 4, buffer));

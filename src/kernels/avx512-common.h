@@ -32,6 +32,12 @@ PA_INLINE __m512 pa512_row_scale(const float *rescale, int r) {
   return _mm512_set1_ps(rescale ? rescale[r] : 1.0f);
 }
 
+/* O times its factor; a zero factor discards O, which may be uninitialised
+ * (0 * NaN would not). */
+PA_INLINE __m512 pa512_scaled(__m512 o, __m512 scale) {
+  return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(scale, _mm512_setzero_ps(), _CMP_NEQ_UQ), o, scale);
+}
+
 /* bf16 is the upper half of an f32. */
 PA_INLINE __m512 pa512_load_bf16(const void *p, __mmask16 m) {
   __m512i wide = _mm512_cvtepu16_epi32(pa512_load_16x16(p, m));

@@ -45,7 +45,9 @@ typedef void (*pa_qk_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq
 
 /* O[i][:] = O[i][:] * rescale[i] + sum_j P[i][j] * V[j][:] for i < m,
  * j < n over d columns (rescale NULL: 1). Rescaling here, where O is loaded
- * anyway, makes the online softmax's correction free. */
+ * anyway, makes the online softmax's correction free. A zero rescale[i]
+ * discards O's row, so O needs no initialisation before a row's first keys
+ * (the softmax's correction is 0 then). */
 typedef void (*pa_pv_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                          const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                          pa_prefetch *prefetch);
@@ -137,14 +139,16 @@ typedef struct pa_kernels {
   pa_attn_ops attn[PA_NUM_ACT_DTYPES][PA_NUM_DTYPES];
 } pa_kernels;
 
-/* O[i][:] *= rescale[i] (nothing when rescale is NULL): the part of a P V
+/* O[i][:] *= rescale[i] (nothing when rescale is NULL; a zero factor
+ * discards the row, which may be uninitialised): the part of a P V
  * kernel's contract the scalar kernels share. */
 static inline void pa_rescale_rows_scalar(size_t m, size_t d, float *o, size_t ldo,
                                           const float *rescale) {
   if (!rescale) return;
   for (size_t i = 0; i < m; i++) {
     if (rescale[i] == 1.0f) continue;
-    for (size_t e = 0; e < d; e++) o[i * ldo + e] *= rescale[i];
+    for (size_t e = 0; e < d; e++)
+      o[i * ldo + e] = rescale[i] == 0.0f ? 0.0f : o[i * ldo + e] * rescale[i];
   }
 }
 

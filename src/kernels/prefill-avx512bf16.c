@@ -143,8 +143,8 @@ PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
     mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
     off[c] = col < d ? 16 * (size_t)c : 0;
     for (int r = 0; r < rows; r++)
-      acc[r][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
-                                pa512_row_scale(rescale, r));
+      acc[r][c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
+                               pa512_row_scale(rescale, r));
   }
   for (size_t j = 0; j < n; j += 2) {
     const uint32_t *vj = v + (j / 2) * ldv + c0;
