@@ -247,6 +247,7 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
         .row_max = s->row_max + r0,
         .row_sum = s->row_sum + r0,
         .rescale = s->rescale + r0,
+        .bf16_weights = c->ops->q_size == 2, /* the bf16 dot-product kernels */
     };
     c->kernels->softmax(&t, scores, tile);
     ahead->budget = share;

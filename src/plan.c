@@ -8,9 +8,10 @@
 
 enum {
   PA_KEY_TILE = PA_PACK_KEYS,
-  /* Query rows x heads of a prefill item: enough rows to amortise packing a
-   * K/V tile, few enough that its Q and O stay in L2. */
-  PA_TARGET_ROWS = 128,
+  /* Query rows x heads x head_size of a prefill item: enough rows to
+   * amortise packing a K/V tile, few enough that Q, O and the scores stay in
+   * L2 (128 rows at head size 128, 256 at 64), within [64, 256] rows. */
+  PA_TARGET_ELEMENTS = 16384,
   /* rows x heads x head_size of any item (Q and O scratch, 128 KiB each). */
   PA_ROW_BUDGET = 32768,
   /* Up to this many query rows per sequence (decode, speculative decoding)
@@ -155,7 +156,8 @@ static pa_status make_items(pa_plan *plan, const pa_plan_request *r, const char 
       }
     } else {
       heads = PA_MIN(group, max_rows);
-      rows = PA_MAX(1, PA_MIN(PA_TARGET_ROWS, max_rows) / heads);
+      int target = PA_MIN(PA_MAX(PA_TARGET_ELEMENTS / r->head_size, 64), 256);
+      rows = PA_MAX(1, PA_MIN(target, max_rows) / heads);
     }
     plan->max_rows = PA_MAX(plan->max_rows, rows * heads * kv_per_item);
     pa_status status = push_sequence(plan, r, s, rows, heads, kv_per_item, caller);

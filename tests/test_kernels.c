@@ -218,6 +218,7 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) 
         .position = position,
         .key_lo = masked ? lo : NULL,
         .key_hi = hi,
+        .bf16_weights = tu_int(rng, 0, 1),
     };
     pa_softmax_tile tg = t, tw = t;
     tg.row_max = max_got, tg.row_sum = sum_got, tg.rescale = res_got;

@@ -222,7 +222,8 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
       for (size_t j = 0; j < t->n; j += 16) {
         __mmask16 in_tile = pa512_tail_mask(t->n - j);
         __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_tile, row + j), scale, minus);
-        __m512 weight = _mm512_maskz_mov_ps(in_tile, pa512_exp2(x));
+        __m512 weight =
+            _mm512_maskz_mov_ps(in_tile, t->bf16_weights ? pa512_exp2_bf16(x) : pa512_exp2(x));
         _mm512_mask_storeu_ps(row + j, in_tile, weight);
         lanes[r] = _mm512_add_ps(lanes[r], weight);
       }
