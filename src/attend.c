@@ -266,10 +266,12 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
  * read: measured best for long sequences of 2-byte caches in small blocks.
  * FP8 decode is compute-bound, large blocks are contiguous anyway, and a
  * short sequence is mostly per-call overhead: there fewer, longer kernel
- * calls win. */
-static size_t direct_tile(const pa_kv_source *kv, int64_t keys) {
+ * calls win, and up to a whole tile's worth of keys in one tile (1 x 128
+ * keys: 10.6 -> 8.1 us per call). */
+static size_t direct_tile(const pa_kv_source *kv, int64_t keys, size_t key_tile) {
   int long_tiles =
       pa_dtype_size(kv->dtype) == 1 || !kv->block_tables || kv->block_size >= 64 || keys <= 256;
+  if (keys <= (int64_t)key_tile) return key_tile; /* one tile: nothing ahead to fetch */
   return long_tiles ? 64 : 32;
 }
 
@@ -279,7 +281,7 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   int64_t lo, hi;
   size_t m = load_queries(c, item, &s, &lo, &hi);
   int64_t keys = hi > lo ? hi - lo : 0; /* lo > hi when no row sees a key */
-  size_t tile = item_is_packed(item) ? lds_tile : direct_tile(&c->kv, keys);
+  size_t tile = item_is_packed(item) ? lds_tile : direct_tile(&c->kv, keys, lds_tile);
   /* O needs no zeroing: a row's first keys come with a zero correction,
    * which makes the P V kernel discard what O held (see pa_pv_fn). */
   for (size_t i = 0; i < m; i++) {
