@@ -192,17 +192,52 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
   return count;
 }
 
+/* The online-softmax epilogue of rows [r0, r0 + m) over keys [first, first + n). */
+static void softmax_rows(const pa_attention_call *c, const pa_item_scratch *s, int64_t first,
+                         size_t n, size_t r0, size_t m, int all_visible) {
+  const pa_layer *layer = c->layer;
+  size_t tile = (size_t)c->plan->key_tile;
+  pa_softmax_tile t = {
+      .m = m,
+      .n = n,
+      .first_key = first,
+      .score_scale = c->ops->scale_scores ? c->q_factor : 1.0f,
+      .soft_cap = layer->soft_cap,
+      .alibi = layer->alibi ? s->alibi + r0 : NULL,
+      .position = s->position + r0,
+      .key_lo = all_visible ? NULL : s->key_lo + r0,
+      .key_hi = s->key_hi + r0,
+      .row_max = s->row_max + r0,
+      .row_sum = s->row_sum + r0,
+      .rescale = s->rescale + r0,
+      .bf16_weights = c->ops->q_size == 2, /* the bf16 dot-product kernels */
+  };
+  c->kernels->softmax(&t, s->s + r0 * tile, tile);
+}
+
+/* Rows of KV head `kv` (of the item) for the tile whose first head's rows
+ * are `rows`: those rows themselves, or a spare set filled with them. */
+static const void **head_rows(const pa_attention_call *c, const void **rows, size_t n, size_t kv,
+                              const void **spare) {
+  if (kv == 0) return rows;
+  offset_rows(rows, (int64_t)n, (int64_t)kv * c->kv.head_bytes, spare);
+  return spare;
+}
+
 /* Keys [first, first + n) for every KV head of the item. k_rows / v_rows
  * hold the first head's rows; `spare` two sets for the others; `ahead` the
- * next tile's memory, requested over this tile's kernel calls. */
+ * next tile's memory, requested over this tile's kernel calls.
+ *
+ * Packed (many rows per head): each head's tile is packed once and used by
+ * all its rows. Direct (decode): S for every head, one softmax over all the
+ * item's rows (its per-call work, the row reductions, is then shared by
+ * them: 1.8 -> 0.9 ns per key and head at 32-key tiles), P V for every head. */
 static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
                         const pa_item_scratch *s, int64_t first, size_t n, const void **k_rows,
                         const void **v_rows, const void **spare[2][2], pa_prefetch *ahead) {
-  const pa_layer *layer = c->layer;
-  size_t d = (size_t)layer->head_size, tile = (size_t)c->plan->key_tile;
+  size_t d = (size_t)c->layer->head_size, tile = (size_t)c->plan->key_tile;
   size_t m = pa_item_rows(item), kv_count = (size_t)(item->kv_end - item->kv_begin);
   size_t m_kv = m / kv_count, ldq = q_stride(d);
-  int packed = item_is_packed(item);
   int all_visible = 1;
   for (size_t i = 0; i < m && all_visible; i++) {
     all_visible = s->key_lo[i] <= first && s->key_hi[i] >= first + (int64_t)n;
@@ -210,54 +245,37 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
   size_t lines = 0;
   for (size_t r = 0; r < ahead->count; r++)
     lines += (ahead->bytes[r] + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
-  size_t share = (lines + 2 * kv_count - 1) / (2 * kv_count); /* per kernel call */
+  ahead->budget = (lines + 2 * kv_count - 1) / (2 * kv_count); /* per kernel call */
 
-  const void **k_tile = k_rows, **v_tile = v_rows;
-  for (size_t kv = 0; kv < kv_count; kv++) {
-    if (kv > 0) {
-      const void **const *set = spare[kv & 1];
-      offset_rows(k_rows, (int64_t)n, (int64_t)kv * c->kv.head_bytes, set[0]);
-      offset_rows(v_rows, (int64_t)n, (int64_t)kv * c->kv.head_bytes, set[1]);
-      k_tile = set[0];
-      v_tile = set[1];
-    }
-    size_t r0 = kv * m_kv;
-    const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
-    float *o = s->o + r0 * d, *scores = s->s + r0 * tile;
-    ahead->budget = share;
-    ahead->issued = 0;
-    if (packed) { /* compute-bound: one burst per head is fine */
+  if (item_is_packed(item)) { /* compute-bound: one burst of requests per call is fine */
+    for (size_t kv = 0; kv < kv_count; kv++) {
+      size_t r0 = kv * m_kv;
+      const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
+      float *scores = s->s + r0 * tile;
+      ahead->issued = 0;
       pa_prefetch_step(ahead, 0, 1, 1);
-      c->ops->pack_k(s->k_packed, k_tile, n, d);
-      c->ops->pack_v(s->v_packed, v_tile, n, d);
+      c->ops->pack_k(s->k_packed, head_rows(c, k_rows, n, kv, spare[kv & 1][0]), n, d);
+      c->ops->pack_v(s->v_packed, head_rows(c, v_rows, n, kv, spare[kv & 1][1]), n, d);
       c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile);
-    } else {
-      c->ops->qk(m_kv, n, d, q, ldq, k_tile, scores, tile, ahead);
-    }
-    pa_softmax_tile t = {
-        .m = m_kv,
-        .n = n,
-        .first_key = first,
-        .score_scale = c->ops->scale_scores ? c->q_factor : 1.0f,
-        .soft_cap = layer->soft_cap,
-        .alibi = layer->alibi ? s->alibi + r0 : NULL,
-        .position = s->position + r0,
-        .key_lo = all_visible ? NULL : s->key_lo + r0,
-        .key_hi = s->key_hi + r0,
-        .row_max = s->row_max + r0,
-        .row_sum = s->row_sum + r0,
-        .rescale = s->rescale + r0,
-        .bf16_weights = c->ops->q_size == 2, /* the bf16 dot-product kernels */
-    };
-    c->kernels->softmax(&t, scores, tile);
-    ahead->budget = share;
-    ahead->issued = 0;
-    if (packed) {
+      softmax_rows(c, s, first, n, r0, m_kv, all_visible);
+      ahead->issued = 0;
       pa_prefetch_step(ahead, 0, 1, 1);
-      c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, o, d, s->rescale + r0);
-    } else {
-      c->ops->pv(m_kv, n, d, scores, tile, v_tile, o, d, s->rescale + r0, ahead);
+      c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, s->o + r0 * d, d, s->rescale + r0);
     }
+    return;
+  }
+  for (size_t kv = 0; kv < kv_count; kv++) {
+    size_t r0 = kv * m_kv;
+    ahead->issued = 0;
+    c->ops->qk(m_kv, n, d, (const char *)s->q + r0 * ldq * c->ops->q_size, ldq,
+               head_rows(c, k_rows, n, kv, spare[kv & 1][0]), s->s + r0 * tile, tile, ahead);
+  }
+  softmax_rows(c, s, first, n, 0, m, all_visible);
+  for (size_t kv = 0; kv < kv_count; kv++) {
+    size_t r0 = kv * m_kv;
+    ahead->issued = 0;
+    c->ops->pv(m_kv, n, d, s->s + r0 * tile, tile, head_rows(c, v_rows, n, kv, spare[kv & 1][1]),
+               s->o + r0 * d, d, s->rescale + r0, ahead);
   }
 }
 
