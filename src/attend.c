@@ -279,9 +279,10 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
   }
 }
 
-/* Keys per tile of a direct (decode) item over `keys` keys. Short tiles keep
- * the next tile, requested while this one computes, close to where it is
- * read: measured best for long sequences of 2-byte caches in small blocks.
+/* Keys per tile of a direct (decode) item over `keys` keys (measurements in
+ * docs/decode-memory.md). Short tiles keep the next tile, requested while
+ * this one computes, close to where it is read: measured best for long
+ * sequences of 2-byte caches in small blocks.
  * FP8 decode is compute-bound, large blocks are contiguous anyway, and a
  * short sequence is mostly per-call overhead: there fewer, longer kernel
  * calls win, and up to a whole tile's worth of keys in one tile (1 x 128
