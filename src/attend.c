@@ -84,6 +84,7 @@ typedef struct pa_item_scratch {
   size_t *range_bytes;
   void *q, *k_packed, *v_packed;
   float *o, *s, *row_max, *row_sum, *rescale, *alibi;
+  size_t ldo; /* O's row stride: d in scratch, d + 2 in a split's partials */
   int32_t *position, *key_lo, *key_hi;
   const void **k_rows, **v_rows;
   float *merge;
@@ -102,6 +103,7 @@ static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
       .k_packed = scratch_at(base, l.k_packed),
       .v_packed = scratch_at(base, l.v_packed),
       .o = scratch_at(base, l.o),
+      .ldo = (size_t)c->layer->head_size,
       .s = scratch_at(base, l.s),
       .row_max = scratch_at(base, l.row_max),
       .row_sum = scratch_at(base, l.row_sum),
@@ -260,7 +262,8 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
       softmax_rows(c, s, first, n, r0, m_kv, all_visible);
       ahead->issued = 0;
       pa_prefetch_step(ahead, 0, 1, 1);
-      c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, s->o + r0 * d, d, s->rescale + r0);
+      c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, s->o + r0 * s->ldo, s->ldo,
+                        s->rescale + r0);
     }
     return;
   }
@@ -275,7 +278,7 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     size_t r0 = kv * m_kv;
     ahead->issued = 0;
     c->ops->pv(m_kv, n, d, s->s + r0 * tile, tile, head_rows(c, v_rows, n, kv, spare[kv & 1][1]),
-               s->o + r0 * d, d, s->rescale + r0, ahead);
+               s->o + r0 * s->ldo, s->ldo, s->rescale + r0, ahead);
   }
 }
 
@@ -301,6 +304,13 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   size_t m = load_queries(c, item, &s, &lo, &hi);
   int64_t keys = hi > lo ? hi - lo : 0; /* lo > hi when no row sees a key */
   size_t tile = item_is_packed(item) ? lds_tile : direct_tile(&c->kv, keys, lds_tile);
+  float *partial = NULL; /* a split's O, max and sum per row, for merge_rows */
+  if (item->split >= 0) {
+    const pa_split_group *g = &c->plan->groups[item->split_group];
+    partial = c->partials + g->partial_offset + (size_t)item->split * m * (d + 2);
+    s.o = partial; /* O accumulates in place */
+    s.ldo = d + 2;
+  }
   /* O needs no zeroing: a row's first keys come with a zero correction,
    * which makes the P V kernel discard what O held (see pa_pv_fn). */
   for (size_t i = 0; i < m; i++) {
@@ -332,31 +342,31 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
                 v_rows[current], spare, &ahead);
   }
 
-  int64_t q_start = c->plan->q_starts[item->seq];
-  if (item->split < 0) {
-    for (size_t i = 0; i < m; i++) {
-      int32_t r, h;
-      pa_item_row_head(item, i, &r, &h);
-      finish_row(c, q_start + r, h, s.o + i * d, s.row_max[i], s.row_sum[i]);
+  if (partial) {
+    for (size_t i = 0; i < m; i++, partial += d + 2) {
+      partial[d] = s.row_max[i];
+      partial[d + 1] = s.row_sum[i];
     }
     return;
   }
-  const pa_split_group *g = &c->plan->groups[item->split_group];
-  float *partial = c->partials + g->partial_offset + (size_t)item->split * m * (d + 2);
-  for (size_t i = 0; i < m; i++, partial += d + 2) {
-    memcpy(partial, s.o + i * d, d * sizeof(float));
-    partial[d] = s.row_max[i];
-    partial[d + 1] = s.row_sum[i];
+  int64_t q_start = c->plan->q_starts[item->seq];
+  for (size_t i = 0; i < m; i++) {
+    int32_t r, h;
+    pa_item_row_head(item, i, &r, &h);
+    finish_row(c, q_start + r, h, s.o + i * d, s.row_max[i], s.row_sum[i]);
   }
 }
 
-static void merge_group(const pa_attention_call *c, const pa_split_group *g, int thread) {
+/* Merges rows [begin, end) of a split group: each split's O weighed by its
+ * share of the row's exponent sum. */
+static void merge_rows(const pa_attention_call *c, const pa_split_group *g, size_t begin,
+                       size_t end, int thread) {
   size_t d = (size_t)c->layer->head_size;
   size_t m = pa_item_rows(&g->shape);
   float *acc = carve_scratch(c, thread).merge;
   const float *parts = c->partials + g->partial_offset;
   int64_t q_start = c->plan->q_starts[g->shape.seq];
-  for (size_t i = 0; i < m; i++) {
+  for (size_t i = begin; i < end && i < m; i++) {
     float row_max = -INFINITY;
     for (int32_t p = 0; p < g->num_splits; p++) {
       row_max = fmaxf(row_max, parts[((size_t)p * m + i) * (d + 2) + d]);
@@ -369,7 +379,7 @@ static void merge_group(const pa_attention_call *c, const pa_split_group *g, int
         if (part[d] == -INFINITY) continue; /* this split saw no key of the row */
         float weight = exp2f(part[d] - row_max);
         row_sum += weight * part[d + 1];
-        for (size_t e = 0; e < d; e++) acc[e] += weight * part[e];
+        c->kernels->axpy(acc, part, d, weight);
       }
     }
     int32_t r, h;
@@ -383,12 +393,15 @@ static void item_task(void *arg, size_t index, int thread) {
   attend_item(c, &c->plan->items[index], thread);
 }
 
+/* Task `index` merges chunk index % merge_chunks of group index / merge_chunks. */
 static void merge_task(void *arg, size_t index, int thread) {
   const pa_attention_call *c = arg;
-  merge_group(c, &c->plan->groups[index], thread);
+  size_t chunks = c->plan->merge_chunks, begin = index % chunks * PA_MERGE_ROWS;
+  merge_rows(c, &c->plan->groups[index / chunks], begin, begin + PA_MERGE_ROWS, thread);
 }
 
 void pa_attention_run(pa_context *ctx, const pa_attention_call *call) {
-  pa_pool_run(ctx->pool, item_task, (void *)call, call->plan->num_items);
-  pa_pool_run(ctx->pool, merge_task, (void *)call, call->plan->num_groups);
+  const pa_plan *plan = call->plan;
+  pa_pool_run(ctx->pool, item_task, (void *)call, plan->num_items);
+  pa_pool_run(ctx->pool, merge_task, (void *)call, plan->num_groups * plan->merge_chunks);
 }

@@ -214,6 +214,7 @@ static pa_status split_long_items(pa_plan *plan, const pa_plan_request *r, const
     size_t rows =
         (size_t)(item.row_end - item.row_begin) * (size_t)(item.head_end - item.head_begin);
     plan->partial_floats += (size_t)g->num_splits * rows * m_plus;
+    plan->merge_chunks = PA_MAX(plan->merge_chunks, (rows + PA_MERGE_ROWS - 1) / PA_MERGE_ROWS);
     plan->num_groups++;
   }
   return PA_OK;
@@ -274,6 +275,7 @@ pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *cal
   plan->num_items = 0;
   plan->num_groups = 0;
   plan->partial_floats = 0;
+  plan->merge_chunks = 0;
   plan->key_tile = PA_KEY_TILE;
 
   pa_status status = make_items(plan, r, caller);

@@ -29,6 +29,9 @@ struct pa_plan_item {
  * whose keys do not matter); each leaves its partial result at
  * partial_offset + split * rows * heads * (head_size + 2).
  * Rows of an item or group are ordered by KV head, query row, query head. */
+/* Rows of a split group merged by one task. */
+enum { PA_MERGE_ROWS = 8 };
+
 typedef struct pa_split_group {
   pa_plan_item shape;
   int32_t num_splits;
@@ -48,6 +51,7 @@ struct pa_plan {
   pa_split_group *groups;
   size_t num_groups;
   size_t partial_floats; /* split-K workspace */
+  size_t merge_chunks;   /* merge tasks per group: its rows in PA_MERGE_ROWS chunks, at most */
   size_t scratch_bytes;  /* per thread */
   int max_rows;          /* rows x heads of the largest item */
   int key_tile;          /* keys per tile */

@@ -114,6 +114,10 @@ static void test_conversions(const pa_kernels *k, const pa_kernels *s, tu_rng *r
       s->store_row[a](want, in, n, 1.5f);
       CHECK(same_bits(got, want, n * size), "store_row[%s] n=%zu", pa_dtype_name(a), n);
     }
+    for (size_t i = 0; i < n; i++) got_f[i] = want_f[i] = tricky_float(rng, i + 1);
+    k->axpy(got_f, in, n, -0.3f);
+    s->axpy(want_f, in, n, -0.3f);
+    CHECK(same_bits(got_f, want_f, n * 4), "axpy n=%zu", n);
     for (int c = 0; c < PA_NUM_DTYPES; c++) {
       size_t size = pa_dtype_size((pa_dtype)c);
       k->encode_row[c](got, in, n, 0.37f);

@@ -49,7 +49,21 @@ PA_DEFINE_STORE_ROW(store_f32, float, pack_f32)
 PA_DEFINE_STORE_ROW(store_f16, uint16_t, pack_f16)
 PA_DEFINE_STORE_ROW(store_bf16, uint16_t, pack_bf16)
 
+static void axpy(float *y, const float *x, size_t n, float a) {
+  __m256 factor = _mm256_set1_ps(a);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 product = _mm256_mul_ps(_mm256_loadu_ps(x + i), factor);
+    _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), product));
+  }
+  for (; i < n; i++) {
+    float product = a * x[i];
+    y[i] += product;
+  }
+}
+
 void pa_convert_kernels_avx2(pa_kernels *k) {
+  k->axpy = axpy;
   k->load_row[PA_F32] = load_f32;
   k->load_row[PA_F16] = load_f16;
   k->load_row[PA_BF16] = load_bf16;

@@ -47,7 +47,17 @@ PA_DEFINE_STORE_ROW(store_f32, float, store_f32_lanes)
 PA_DEFINE_STORE_ROW(store_f16, uint16_t, store_f16_lanes)
 PA_DEFINE_STORE_ROW(store_bf16, uint16_t, store_bf16_lanes)
 
+static void axpy(float *y, const float *x, size_t n, float a) {
+  __m512 factor = _mm512_set1_ps(a);
+  for (size_t i = 0; i < n; i += 16) {
+    __mmask16 m = pa512_tail_mask(n - i);
+    __m512 product = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), factor);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), product));
+  }
+}
+
 void pa_convert_kernels_avx512(pa_kernels *k) {
+  k->axpy = axpy;
   k->load_row[PA_F32] = load_f32;
   k->load_row[PA_F16] = load_f16;
   k->load_row[PA_BF16] = load_bf16;

@@ -63,7 +63,15 @@ static void encode_e5m2(void *dst, const float *src, size_t n, float scale) {
   for (size_t i = 0; i < n; i++) out[i] = pa_f32_to_e5m2(src[i] / scale);
 }
 
+static void axpy(float *y, const float *x, size_t n, float a) {
+  for (size_t i = 0; i < n; i++) {
+    float product = a * x[i];
+    y[i] += product;
+  }
+}
+
 void pa_convert_kernels_scalar(pa_kernels *k) {
+  k->axpy = axpy;
   k->load_row[PA_F32] = load_f32;
   k->load_row[PA_F16] = load_f16;
   k->load_row[PA_BF16] = load_bf16;

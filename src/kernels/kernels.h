@@ -21,6 +21,9 @@ typedef void (*pa_load_row_fn)(void *dst, const void *src, size_t n, float facto
 typedef void (*pa_store_row_fn)(void *dst, const float *src, size_t n, float factor);
 /* dst[i] = cache_dtype(src[i] / scale) for FP8, cache_dtype(src[i]) otherwise. */
 typedef void (*pa_encode_row_fn)(void *dst, const float *src, size_t n, float scale);
+/* y[i] += a * x[i], the product rounded before the sum (no FMA), so that
+ * every family gives the same bits. */
+typedef void (*pa_axpy_fn)(float *y, const float *x, size_t n, float a);
 
 /* Memory a kernel asks for while it computes: the next tile's K and V, as
  * address ranges in address order, and this call's share of their cache
@@ -128,6 +131,7 @@ typedef struct pa_kernels {
   pa_load_row_fn load_row[PA_NUM_ACT_DTYPES];   /* by activation dtype */
   pa_store_row_fn store_row[PA_NUM_ACT_DTYPES]; /* by activation dtype */
   pa_encode_row_fn encode_row[PA_NUM_DTYPES];   /* by cache dtype */
+  pa_axpy_fn axpy;                              /* the split-K merge */
   pa_qk_fn qk[PA_NUM_DTYPES];                   /* by K dtype */
   pa_pv_fn pv[PA_NUM_DTYPES];                   /* by V dtype */
   pa_softmax_fn softmax;
