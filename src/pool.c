@@ -5,11 +5,12 @@
  * Tasks are claimed from a 64-bit counter holding the job's generation in
  * its high half and the next task index in its low half, so a worker that
  * wakes up late can only claim tasks of the job it saw: a claim on a
- * finished job fails, and a job's fields are read only after one of its
- * tasks has been claimed (the caller cannot replace a job while a task of
- * it is running). Completion counts tasks, not workers: the caller, which
- * claims tasks too, waits only for tasks that were claimed, never for a
- * worker that another process keeps off the CPU. With the other core busy,
+ * finished job fails (the caller closes a job's claims before it writes
+ * the next job), and a job's fields are read only after one of its tasks
+ * has been claimed (the caller cannot replace a job while a task of it is
+ * running; tests/test_pool.c). Completion counts tasks, not workers: the
+ * caller, which claims tasks too, waits only for tasks that were claimed,
+ * never for a worker that another process keeps off the CPU. With the other core busy,
  * a call degrades to one thread's speed instead of stalling. */
 #define _GNU_SOURCE
 #include "pool.h"
@@ -92,16 +93,15 @@ static void run_tasks(pa_pool *pool, uint32_t generation, int thread) {
   uint64_t claim = atomic_load_explicit(&pool->claim, memory_order_acquire);
   for (;;) {
     if ((uint32_t)(claim >> 32) != generation) return;
-    /* A stale read of num_tasks is harmless: the CAS below fails if the
-     * job changed, and the index is checked against it once claimed. */
-    if ((uint32_t)claim >= atomic_load_explicit(&pool->num_tasks, memory_order_relaxed)) return;
+    /* num_tasks may already be the next job's (see pa_pool_run): then the
+     * caller has closed this job's claims first, which this acquire makes
+     * visible to the CAS below, so that CAS fails. */
+    if ((uint32_t)claim >= atomic_load_explicit(&pool->num_tasks, memory_order_acquire)) return;
     if (!atomic_compare_exchange_weak_explicit(&pool->claim, &claim, claim + 1,
                                                memory_order_acq_rel, memory_order_acquire)) {
       continue;
     }
-    uint32_t index = (uint32_t)claim;
-    if (index >= atomic_load_explicit(&pool->num_tasks, memory_order_relaxed)) return;
-    pool->task(pool->arg, index, thread);
+    pool->task(pool->arg, (uint32_t)claim, thread);
     atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
     claim = atomic_load_explicit(&pool->claim, memory_order_acquire);
   }
@@ -194,12 +194,18 @@ void pa_pool_run(pa_pool *pool, pa_task_fn task, void *arg, size_t num_tasks) {
     for (size_t i = 0; i < num_tasks; i++) task(arg, i, 0);
     return;
   }
-  /* Every task of the previous job is done, so nobody reads these now. */
+  /* Every task of the previous job is done, but a worker may still be
+   * leaving it: close its claims (the new generation with no index left)
+   * before num_tasks changes, or that worker could claim index n of the
+   * previous job as a task of this one, which then runs twice (the release
+   * store on num_tasks pairs with the acquire load in run_tasks). */
   uint32_t generation =
       (uint32_t)(atomic_load_explicit(&pool->claim, memory_order_relaxed) >> 32) + 1;
+  atomic_store_explicit(&pool->claim, (uint64_t)generation << 32 | UINT32_MAX,
+                        memory_order_relaxed);
   pool->task = task;
   pool->arg = arg;
-  atomic_store_explicit(&pool->num_tasks, (uint32_t)num_tasks, memory_order_relaxed);
+  atomic_store_explicit(&pool->num_tasks, (uint32_t)num_tasks, memory_order_release);
   atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
   atomic_store_explicit(&pool->claim, (uint64_t)generation << 32, memory_order_release);
   publish(pool);
