@@ -74,10 +74,42 @@ PA_INLINE void qk(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, 
             i == 0 ? prefetch : NULL);
 }
 
+/* O[0..rows)[c0 .. c0 + 8 chunks) += P V when all those columns exist: no
+ * partial chunk, so the accumulators stay in registers. */
+PA_INLINE void pv_block_full(const int rows, const int chunks, pa256_loader load, size_t elem,
+                             size_t n, size_t c0, const float *p, size_t ldp,
+                             const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                             pa_prefetch *prefetch) {
+  __m256 acc[8];
+  for (int r = 0; r < rows; r++) {
+    __m256 scale = pa256_row_scale(rescale, r);
+    for (int c = 0; c < chunks; c++)
+      acc[r * chunks + c] = pa256_scaled(_mm256_loadu_ps(o + r * ldo + c0 + 8 * c), scale);
+  }
+  for (size_t j = 0; j < n; j++) {
+    pa_prefetch_step(prefetch, j, 1, n);
+    const char *v = (const char *)v_rows[j] + c0 * elem;
+    __m256 vv[4];
+    for (int c = 0; c < chunks; c++) vv[c] = load(v + 8 * (size_t)c * elem, 8);
+    for (int r = 0; r < rows; r++) {
+      __m256 weight = _mm256_set1_ps(p[r * ldp + j]);
+      for (int c = 0; c < chunks; c++)
+        acc[r * chunks + c] = _mm256_fmadd_ps(weight, vv[c], acc[r * chunks + c]);
+    }
+  }
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < chunks; c++)
+      _mm256_storeu_ps(o + r * ldo + c0 + 8 * c, acc[r * chunks + c]);
+}
+
 /* O[0..rows)[c0 .. c0 + 8 chunks) += P V; partial chunks go through a copy. */
 PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, size_t elem, size_t n,
                         size_t c0, size_t d, const float *p, size_t ldp, const void *const *v_rows,
                         float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
+  if (c0 + 8 * (size_t)chunks <= d) {
+    pv_block_full(rows, chunks, load, elem, n, c0, p, ldp, v_rows, o, ldo, rescale, prefetch);
+    return;
+  }
   size_t count[4];
   __m256 acc[8];
   for (int c = 0; c < chunks; c++) {
