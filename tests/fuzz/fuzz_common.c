@@ -447,6 +447,16 @@ void fz_describe_layer(const char *entry, const pa_layer_config *cfg) {
             cfg->sinks ? (double)cfg->sinks[h] : 0.0);
 }
 
+pa_layer *fz_make_layer(fz_in *in, const char *harness, pa_layer_config *cfg, float *slopes,
+                        float *sinks, int *extreme) {
+  fz_decode_layer(in, cfg, slopes, sinks, extreme);
+  fz_describe_layer(harness, cfg);
+  pa_layer *layer = NULL;
+  pa_status made = pa_layer_create(cfg, &layer);
+  FZ_ASSERT(made == PA_OK, "pa_layer_create rejected a valid config: %s", pa_last_error());
+  return layer;
+}
+
 ref_layer fz_ref_layer(const pa_layer_config *cfg) {
   ref_layer r;
   memset(&r, 0, sizeof r);

@@ -165,6 +165,10 @@ ref_cache fz_ref_cache(const pa_kv_cache *c);
  * slopes and sinks point into the given arrays ([FZ_MAX_HEADS]). */
 enum { FZ_MAX_HEADS = 8 };
 void fz_decode_layer(fz_in *in, pa_layer_config *cfg, float *slopes, float *sinks, int *extreme);
+/* fz_decode_layer, then the layer itself (`harness` names the caller in a
+ * finding's description); pa_layer_create rejecting that config is a finding. */
+pa_layer *fz_make_layer(fz_in *in, const char *harness, pa_layer_config *cfg, float *slopes,
+                        float *sinks, int *extreme);
 ref_layer fz_ref_layer(const pa_layer_config *cfg);
 
 /* A bound on the f32 error of one logit: the dot product's (d terms of at

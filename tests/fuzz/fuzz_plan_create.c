@@ -118,11 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int extreme = 0;
   float slopes[FZ_MAX_HEADS], sinks[FZ_MAX_HEADS];
   pa_layer_config cfg;
-  fz_decode_layer(&in, &cfg, slopes, sinks, &extreme);
-  fz_describe_layer(__FILE__, &cfg);
-  pa_layer *layer = NULL;
-  pa_status made = pa_layer_create(&cfg, &layer);
-  FZ_ASSERT(made == PA_OK, "pa_layer_create rejected a valid config: %s", pa_last_error());
+  pa_layer *layer = fz_make_layer(&in, __FILE__, &cfg, slopes, sinks, &extreme);
   fz_lengths l;
   fz_decode_lengths(&in, &l, 0);
   int null_layer = fz_one_in(&in, 48), null_batch = fz_one_in(&in, 48);
