@@ -25,13 +25,13 @@ struct pa_plan_item {
   int64_t cost;        /* for ordering: attended (row, head, key) triples plus keys read */
 };
 
+/* Rows of a split group merged by one task. */
+enum { PA_MERGE_ROWS = 8 };
+
 /* The items of a split group share seq, heads and rows (`shape`, an item
  * whose keys do not matter); each leaves its partial result at
  * partial_offset + split * rows * heads * (head_size + 2).
  * Rows of an item or group are ordered by KV head, query row, query head. */
-/* Rows of a split group merged by one task. */
-enum { PA_MERGE_ROWS = 8 };
-
 typedef struct pa_split_group {
   pa_plan_item shape;
   int32_t num_splits;
