@@ -14,6 +14,7 @@
 
 #include "dispatch.h"
 #include "kernels/codecs.h"
+#include "kernels/prefetch.h"
 #include "test_util.h"
 
 static const char *g_family;
@@ -73,6 +74,35 @@ static void make_rows(tu_rng *rng, rows *r, pa_dtype dtype, size_t n, size_t d) 
     random_elements(rng, dtype, row, d);
     r->ptr[j] = row;
   }
+}
+
+/* A prefetch request list (over memory of its own: requests have no
+ * visible effect) of three ranges that end mid-line, with a budget of some
+ * of their lines. */
+typedef struct prefetch_probe {
+  char memory[1024];
+  const char *start[3];
+  size_t bytes[3];
+  pa_prefetch p;
+} prefetch_probe;
+
+static void prefetch_probe_init(prefetch_probe *pr, tu_rng *rng) {
+  size_t total = 3 * 64 * 5 + 3;
+  for (int i = 0; i < 3; i++) {
+    pr->start[i] = pr->memory + (size_t)i * (total / 3);
+    pr->bytes[i] = total / 3;
+  }
+  pr->p = (pa_prefetch){.start = pr->start, .bytes = pr->bytes, .count = 3};
+  size_t lines = 3 * ((total / 3 + PA_CACHE_LINE - 1) / PA_CACHE_LINE);
+  pa_prefetch_begin(&pr->p, (size_t)tu_int(rng, 1, (int)lines));
+}
+
+/* The kernel issued its whole budget by the end of the call (however many
+ * passes it made over its keys), and not a line more. */
+static void check_prefetch_spent(const prefetch_probe *pr, const char *what, size_t m, size_t n,
+                                 size_t d) {
+  CHECK(pr->p.issued == pr->p.budget, "%s m=%zu n=%zu d=%zu issued %zu of a budget of %zu", what, m,
+        n, d, pr->p.issued, pr->p.budget);
 }
 
 static double rel_close(double got, double want, double scale, double tol) {
@@ -146,6 +176,15 @@ static void test_qk_pv(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
       for (size_t i = 0; i < m * ldq; i++) q[i] = (float)tu_range(rng, -1, 1);
       k->qk[dtype](m, n, d, q, ldq, kr.ptr, got, lds, NULL);
       s->qk[dtype](m, n, d, q, ldq, kr.ptr, want, lds, NULL);
+      prefetch_probe probe;
+      prefetch_probe_init(&probe, rng);
+      float *again = malloc(m * lds * 4);
+      k->qk[dtype](m, n, d, q, ldq, kr.ptr, again, lds, &probe.p);
+      check_prefetch_spent(&probe, "qk", m, n, d);
+      for (size_t i = 0; i < m; i++)
+        CHECK(memcmp(again + i * lds, got + i * lds, n * 4) == 0,
+              "qk[%s] row %zu differs with prefetch", pa_dtype_name(dtype), i);
+      free(again);
       for (size_t i = 0; i < m; i++) {
         for (size_t j = 0; j < n; j++) {
           double scale = 0;
@@ -166,8 +205,16 @@ static void test_qk_pv(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
           o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
         rescale[i] = scales ? random_rescale(rng, o_got + i * ldo, o_want + i * ldo, d) : 1.0f;
       }
+      float *o_again = malloc(m * ldo * 4);
+      memcpy(o_again, o_got, m * ldo * 4);
       k->pv[dtype](m, n, d, got, lds, vr.ptr, o_got, ldo, scales, NULL);
       s->pv[dtype](m, n, d, got, lds, vr.ptr, o_want, ldo, scales, NULL);
+      prefetch_probe_init(&probe, rng);
+      k->pv[dtype](m, n, d, got, lds, vr.ptr, o_again, ldo, scales, &probe.p);
+      check_prefetch_spent(&probe, "pv", m, n, d);
+      CHECK(memcmp(o_again, o_got, m * ldo * 4) == 0, "pv[%s] differs with prefetch",
+            pa_dtype_name(dtype));
+      free(o_again);
       for (size_t i = 0; i < m; i++) {
         for (size_t e = 0; e < ldo; e++) {
           double scale = fabs(o_want[i * ldo + e]) + 1;
@@ -352,6 +399,15 @@ static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dty
     }
     k->qk(m, n, d, q_k, ldq, kr.ptr, got, lds, NULL);
     s->qk[cache](m, n, d, q_f, ldq, kr.ptr, want, lds, NULL);
+    prefetch_probe probe;
+    prefetch_probe_init(&probe, rng);
+    float *again = malloc(m * lds * 4);
+    k->qk(m, n, d, q_k, ldq, kr.ptr, again, lds, &probe.p);
+    check_prefetch_spent(&probe, "qk narrow", m, n, d);
+    for (size_t i = 0; i < m; i++)
+      CHECK(memcmp(again + i * lds, got + i * lds, n * 4) == 0,
+            "qk[%s,%s] row %zu differs with prefetch", pa_dtype_name(act), pa_dtype_name(cache), i);
+    free(again);
     for (size_t i = 0; i < m; i++) {
       for (size_t j = 0; j < n; j++) {
         double scale = 0;
@@ -369,8 +425,16 @@ static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dty
       for (size_t e = 0; e < ldo; e++)
         o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
     }
+    float *o_again = malloc(m * ldo * 4);
+    memcpy(o_again, o_got, m * ldo * 4);
     k->pv(m, n, d, got, lds, vr.ptr, o_got, ldo, NULL, NULL);
     s->pv[cache](m, n, d, got, lds, vr.ptr, o_want, ldo, NULL, NULL);
+    prefetch_probe_init(&probe, rng);
+    k->pv(m, n, d, got, lds, vr.ptr, o_again, ldo, NULL, &probe.p);
+    check_prefetch_spent(&probe, "pv narrow", m, n, d);
+    CHECK(memcmp(o_again, o_got, m * ldo * 4) == 0, "pv[%s,%s] differs with prefetch",
+          pa_dtype_name(act), pa_dtype_name(cache));
+    free(o_again);
     for (size_t i = 0; i < m; i++) {
       for (size_t e = 0; e < d; e++) {
         double scale = fabs(o_want[i * ldo + e]) + 1;

@@ -62,18 +62,18 @@ PA_INLINE void qk(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
                   size_t d, const uint16_t *q, size_t ldq, const void *const *k_rows, float *s,
                   size_t lds, pa_prefetch *prefetch) {
   pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
-  size_t i = 0;
+  size_t i = 0, pass = 0, passes = pa_row_groups(m);
   for (; i + 4 <= m; i += 4) {
-    qk_rows(4, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
-            i == 0 ? prefetch : NULL);
+    pa_prefetch_pass(prefetch, pass++, passes);
+    qk_rows(4, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i + 2 <= m; i += 2) {
-    qk_rows(2, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
-            i == 0 ? prefetch : NULL);
+    pa_prefetch_pass(prefetch, pass++, passes);
+    qk_rows(2, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i < m; i++) {
-    qk_rows(1, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds,
-            i == 0 ? prefetch : NULL);
+    pa_prefetch_pass(prefetch, pass++, passes);
+    qk_rows(1, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
 }
 
@@ -89,8 +89,7 @@ static const int32_t pa_from_1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 
 PA_INLINE void pv_block(const int rows, const int chunks, pa_bf16_loader load, size_t elem,
                         const pa_bf16_tables *tables, size_t n, size_t c0, size_t d,
                         const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const void *const *v_rows,
-                        float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch,
-                        size_t prefetch_step, size_t prefetch_steps) {
+                        float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   const __m512i to_low = _mm512_loadu_si512(pa_to_low), to_high = _mm512_loadu_si512(pa_to_high);
   __mmask32 mask[4];
   __m512 low[4][4], high[4][4];
@@ -108,7 +107,7 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa_bf16_loader load, s
     }
   }
   for (size_t j = 0; j < n; j += 2) {
-    pa_prefetch_step(prefetch, prefetch_step + j, 2, prefetch_steps);
+    pa_prefetch_step(prefetch, j, 2, n);
     const char *va = (const char *)v_rows[j] + c0 * elem;
     const char *vb = j + 1 < n ? (const char *)v_rows[j + 1] + c0 * elem : NULL;
     __m512i lo_v[4], hi_v[4];
@@ -145,6 +144,8 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
                   size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
   uint32_t pairs[4][PA_PAIR_KEYS / 2];
+  /* A pass: one chunk of keys, one row group, one block of columns. */
+  size_t pass = 0, passes = (n + PA_PAIR_KEYS - 1) / PA_PAIR_KEYS * pa_column_passes(m, d, 64, 128);
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
     size_t count = n - j0 < PA_PAIR_KEYS ? n - j0 : PA_PAIR_KEYS;
     const void *const *v = v_rows + j0;
@@ -154,22 +155,25 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
     for (; i + 4 <= m; i += 4) {
       pack_pairs(4, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 64) {
+        pa_prefetch_pass(prefetch, pass++, passes);
         pv_block(4, 2, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 pa_rescale_from(scales, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
+                 pa_rescale_from(scales, i), prefetch);
       }
     }
     for (; i + 2 <= m; i += 2) {
       pack_pairs(2, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
+        pa_prefetch_pass(prefetch, pass++, passes);
         pv_block(2, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 pa_rescale_from(scales, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
+                 pa_rescale_from(scales, i), prefetch);
       }
     }
     for (; i < m; i++) {
       pack_pairs(1, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
+        pa_prefetch_pass(prefetch, pass++, passes);
         pv_block(1, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 pa_rescale_from(scales, i), i == 0 && c0 == 0 ? prefetch : NULL, j0, n);
+                 pa_rescale_from(scales, i), prefetch);
       }
     }
   }

@@ -132,15 +132,18 @@ PA_INLINE void qk(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
                   size_t ldq, const void *const *k_rows, float *s, size_t lds,
                   pa_prefetch *prefetch) {
   pa_fp8_tables t = fp8_tables(bytes);
-  size_t i = 0;
+  size_t i = 0, pass = 0, passes = pa_row_groups(m);
   for (; i + 4 <= m; i += 4) {
-    qk_rows(4, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, i == 0 ? prefetch : NULL);
+    pa_prefetch_pass(prefetch, pass++, passes);
+    qk_rows(4, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i + 2 <= m; i += 2) {
-    qk_rows(2, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, i == 0 ? prefetch : NULL);
+    pa_prefetch_pass(prefetch, pass++, passes);
+    qk_rows(2, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i < m; i++) {
-    qk_rows(1, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, i == 0 ? prefetch : NULL);
+    pa_prefetch_pass(prefetch, pass++, passes);
+    qk_rows(1, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
 }
 
@@ -158,8 +161,7 @@ PA_INLINE void transpose_blocks(__m512 v[4]) {
 /* O[0..rows)[g .. g + 64) += P V over n <= 64 keys (P already bf16 pairs). */
 PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t g, size_t d,
                         const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const void *const *v_rows,
-                        float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch,
-                        size_t prefetch_step, size_t prefetch_steps) {
+                        float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   __mmask16 mask[4];
   __m512 acc[4][4];
   for (int c = 0; c < 4; c++) {
@@ -175,7 +177,7 @@ PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t
   }
   __mmask64 m = tail_mask64(d - g);
   for (size_t j = 0; j < n; j += 2) {
-    pa_prefetch_step(prefetch, prefetch_step + j, 2, prefetch_steps);
+    pa_prefetch_step(prefetch, j, 2, n);
     __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
     to_bf16x64(load64((const uint8_t *)v_rows[j] + g, m), t, &a0, &a1);
     if (j + 1 < n) to_bf16x64(load64((const uint8_t *)v_rows[j + 1] + g, m), t, &b0, &b1);
@@ -194,13 +196,12 @@ PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t
 
 PA_INLINE void pv_rows(const int rows, const pa_fp8_tables *t, size_t n, size_t d, const float *p,
                        size_t ldp, const void *const *v_rows, float *o, size_t ldo,
-                       const float *rescale, pa_prefetch *prefetch, size_t prefetch_step,
-                       size_t prefetch_steps) {
+                       const float *rescale, pa_prefetch *prefetch, size_t *pass, size_t passes) {
   uint32_t pairs[4][PA_PAIR_KEYS / 2];
   pack_pairs(rows, n, p, ldp, pairs);
   for (size_t g = 0; g < d; g += 64) {
-    pv_group(rows, t, n, g, d, pairs, v_rows, o, ldo, rescale, g == 0 ? prefetch : NULL,
-             prefetch_step, prefetch_steps);
+    pa_prefetch_pass(prefetch, (*pass)++, passes);
+    pv_group(rows, t, n, g, d, pairs, v_rows, o, ldo, rescale, prefetch);
   }
 }
 
@@ -208,6 +209,8 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
                   size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                   pa_prefetch *prefetch) {
   pa_fp8_tables t = fp8_tables(bytes);
+  /* A pass: one chunk of keys, one row group, one group of 64 columns. */
+  size_t pass = 0, passes = (n + PA_PAIR_KEYS - 1) / PA_PAIR_KEYS * pa_column_passes(m, d, 64, 64);
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
     size_t count = n - j0 < PA_PAIR_KEYS ? n - j0 : PA_PAIR_KEYS;
     const void *const *v = v_rows + j0;
@@ -216,15 +219,15 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
     size_t i = 0;
     for (; i + 4 <= m; i += 4) {
       pv_rows(4, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
-              pa_rescale_from(scales, i), i == 0 ? prefetch : NULL, j0, n);
+              pa_rescale_from(scales, i), prefetch, &pass, passes);
     }
     for (; i + 2 <= m; i += 2) {
       pv_rows(2, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
-              pa_rescale_from(scales, i), i == 0 ? prefetch : NULL, j0, n);
+              pa_rescale_from(scales, i), prefetch, &pass, passes);
     }
     for (; i < m; i++) {
       pv_rows(1, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
-              pa_rescale_from(scales, i), i == 0 ? prefetch : NULL, j0, n);
+              pa_rescale_from(scales, i), prefetch, &pass, passes);
     }
   }
 }
