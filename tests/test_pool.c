@@ -2,7 +2,8 @@
  * exactly once, across many jobs of changing sizes run back to back. That
  * is where a worker still looking at the previous job could claim a task of
  * the next one (a bug this test caught: that task then ran twice, and the
- * caller's wait could end while it still ran). */
+ * caller's wait could end while it still ran). Task 0 runs on the caller
+ * (thread 0), which keeps a job's first task on the same core. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,12 +14,13 @@ enum { PA_TEST_MAX_TASKS = 9, PA_TEST_JOBS = 300000 };
 
 typedef struct job {
   _Atomic int runs[PA_TEST_MAX_TASKS];
+  _Atomic int first_task_thread;
 } job;
 
 static void count_task(void *arg, size_t index, int thread) {
-  (void)thread;
   job *j = arg;
   atomic_fetch_add_explicit(&j->runs[index], 1, memory_order_relaxed);
+  if (index == 0) atomic_store_explicit(&j->first_task_thread, thread, memory_order_relaxed);
 }
 
 /* Sizes 2..9 in a pattern that often puts a bigger job after a smaller one. */
@@ -36,6 +38,12 @@ static int run_jobs(int threads, job *jobs) {
   pa_pool_destroy(pool);
   int failures = 0;
   for (int k = 0; k < PA_TEST_JOBS && failures < 5; k++) {
+    int first = atomic_load(&jobs[k].first_task_thread);
+    if (first != 0) {
+      fprintf(stderr, "threads=%d job %d: task 0 ran on thread %d, not the caller\n", threads, k,
+              first);
+      failures++;
+    }
     for (size_t i = 0; i < PA_TEST_MAX_TASKS; i++) {
       int want = i < job_tasks(k) ? 1 : 0, got = atomic_load(&jobs[k].runs[i]);
       if (got != want) {
@@ -53,6 +61,7 @@ int main(void) {
   for (int threads = 2; threads <= 3; threads++) {
     job *jobs = calloc(PA_TEST_JOBS, sizeof *jobs);
     if (!jobs) return 1;
+    for (int k = 0; k < PA_TEST_JOBS; k++) atomic_init(&jobs[k].first_task_thread, -1);
     failures += run_jobs(threads, jobs);
     free(jobs);
   }
