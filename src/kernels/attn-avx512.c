@@ -49,17 +49,17 @@ PA_INLINE void qk_rows(const int rows, pa512_loader load, size_t elem, size_t n,
 PA_INLINE void qk(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *q,
                   size_t ldq, const void *const *k_rows, float *s, size_t lds,
                   pa_prefetch *prefetch) {
-  size_t i = 0, pass = 0, passes = pa_row_groups(m);
+  size_t i = 0;
   for (; i + 4 <= m; i += 4) {
-    pa_prefetch_pass(prefetch, pass++, passes);
+    pa_prefetch_span(prefetch, i, 4, m);
     qk_rows(4, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i + 2 <= m; i += 2) {
-    pa_prefetch_pass(prefetch, pass++, passes);
+    pa_prefetch_span(prefetch, i, 2, m);
     qk_rows(2, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i < m; i++) {
-    pa_prefetch_pass(prefetch, pass++, passes);
+    pa_prefetch_span(prefetch, i, 1, m);
     qk_rows(1, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
 }
@@ -98,24 +98,24 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, siz
 PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
                   size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                   pa_prefetch *prefetch) {
-  size_t i = 0, pass = 0, passes = pa_column_passes(m, d, 64, 128);
+  size_t i = 0;
   for (; i + 4 <= m; i += 4) {
     for (size_t c0 = 0; c0 < d; c0 += 64) {
-      pa_prefetch_pass(prefetch, pass++, passes);
+      pa_prefetch_span(prefetch, i * d + 4 * c0, 4 * PA_MIN(d - c0, 64), m * d);
       pv_block(4, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
                pa_rescale_from(rescale, i), prefetch);
     }
   }
   for (; i + 2 <= m; i += 2) {
     for (size_t c0 = 0; c0 < d; c0 += 128) {
-      pa_prefetch_pass(prefetch, pass++, passes);
+      pa_prefetch_span(prefetch, i * d + 2 * c0, 2 * PA_MIN(d - c0, 128), m * d);
       pv_block(2, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
                pa_rescale_from(rescale, i), prefetch);
     }
   }
   for (; i < m; i++) {
     for (size_t c0 = 0; c0 < d; c0 += 128) {
-      pa_prefetch_pass(prefetch, pass++, passes);
+      pa_prefetch_span(prefetch, i * d + 1 * c0, 1 * PA_MIN(d - c0, 128), m * d);
       pv_block(1, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
                pa_rescale_from(rescale, i), prefetch);
     }

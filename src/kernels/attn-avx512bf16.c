@@ -62,17 +62,17 @@ PA_INLINE void qk(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
                   size_t d, const uint16_t *q, size_t ldq, const void *const *k_rows, float *s,
                   size_t lds, pa_prefetch *prefetch) {
   pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
-  size_t i = 0, pass = 0, passes = pa_row_groups(m);
+  size_t i = 0;
   for (; i + 4 <= m; i += 4) {
-    pa_prefetch_pass(prefetch, pass++, passes);
+    pa_prefetch_span(prefetch, i, 4, m);
     qk_rows(4, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i + 2 <= m; i += 2) {
-    pa_prefetch_pass(prefetch, pass++, passes);
+    pa_prefetch_span(prefetch, i, 2, m);
     qk_rows(2, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i < m; i++) {
-    pa_prefetch_pass(prefetch, pass++, passes);
+    pa_prefetch_span(prefetch, i, 1, m);
     qk_rows(1, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
 }
@@ -144,8 +144,7 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
                   size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
   uint32_t pairs[4][PA_PAIR_KEYS / 2];
-  /* A pass: one chunk of keys, one row group, one block of columns. */
-  size_t pass = 0, passes = (n + PA_PAIR_KEYS - 1) / PA_PAIR_KEYS * pa_column_passes(m, d, 64, 128);
+  /* The budget is spread over the key x row x column products. */
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
     size_t count = n - j0 < PA_PAIR_KEYS ? n - j0 : PA_PAIR_KEYS;
     const void *const *v = v_rows + j0;
@@ -155,7 +154,8 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
     for (; i + 4 <= m; i += 4) {
       pack_pairs(4, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 64) {
-        pa_prefetch_pass(prefetch, pass++, passes);
+        pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 4 * c0),
+                         count * 4 * PA_MIN(d - c0, 64), n * m * d);
         pv_block(4, 2, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
                  pa_rescale_from(scales, i), prefetch);
       }
@@ -163,7 +163,8 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
     for (; i + 2 <= m; i += 2) {
       pack_pairs(2, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
-        pa_prefetch_pass(prefetch, pass++, passes);
+        pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 2 * c0),
+                         count * 2 * PA_MIN(d - c0, 128), n * m * d);
         pv_block(2, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
                  pa_rescale_from(scales, i), prefetch);
       }
@@ -171,7 +172,8 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
     for (; i < m; i++) {
       pack_pairs(1, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
-        pa_prefetch_pass(prefetch, pass++, passes);
+        pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 1 * c0),
+                         count * 1 * PA_MIN(d - c0, 128), n * m * d);
         pv_block(1, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
                  pa_rescale_from(scales, i), prefetch);
       }

@@ -132,17 +132,17 @@ PA_INLINE void qk(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
                   size_t ldq, const void *const *k_rows, float *s, size_t lds,
                   pa_prefetch *prefetch) {
   pa_fp8_tables t = fp8_tables(bytes);
-  size_t i = 0, pass = 0, passes = pa_row_groups(m);
+  size_t i = 0;
   for (; i + 4 <= m; i += 4) {
-    pa_prefetch_pass(prefetch, pass++, passes);
+    pa_prefetch_span(prefetch, i, 4, m);
     qk_rows(4, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i + 2 <= m; i += 2) {
-    pa_prefetch_pass(prefetch, pass++, passes);
+    pa_prefetch_span(prefetch, i, 2, m);
     qk_rows(2, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i < m; i++) {
-    pa_prefetch_pass(prefetch, pass++, passes);
+    pa_prefetch_span(prefetch, i, 1, m);
     qk_rows(1, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
 }
@@ -196,11 +196,13 @@ PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t
 
 PA_INLINE void pv_rows(const int rows, const pa_fp8_tables *t, size_t n, size_t d, const float *p,
                        size_t ldp, const void *const *v_rows, float *o, size_t ldo,
-                       const float *rescale, pa_prefetch *prefetch, size_t *pass, size_t passes) {
+                       const float *rescale, pa_prefetch *prefetch, size_t work_done,
+                       size_t work_total) {
   uint32_t pairs[4][PA_PAIR_KEYS / 2];
   pack_pairs(rows, n, p, ldp, pairs);
   for (size_t g = 0; g < d; g += 64) {
-    pa_prefetch_pass(prefetch, (*pass)++, passes);
+    pa_prefetch_span(prefetch, work_done + n * (size_t)rows * g,
+                     n * (size_t)rows * PA_MIN(d - g, 64), work_total);
     pv_group(rows, t, n, g, d, pairs, v_rows, o, ldo, rescale, prefetch);
   }
 }
@@ -209,8 +211,7 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
                   size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                   pa_prefetch *prefetch) {
   pa_fp8_tables t = fp8_tables(bytes);
-  /* A pass: one chunk of keys, one row group, one group of 64 columns. */
-  size_t pass = 0, passes = (n + PA_PAIR_KEYS - 1) / PA_PAIR_KEYS * pa_column_passes(m, d, 64, 64);
+  /* The budget is spread over the key x row x column products. */
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
     size_t count = n - j0 < PA_PAIR_KEYS ? n - j0 : PA_PAIR_KEYS;
     const void *const *v = v_rows + j0;
@@ -219,15 +220,15 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
     size_t i = 0;
     for (; i + 4 <= m; i += 4) {
       pv_rows(4, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
-              pa_rescale_from(scales, i), prefetch, &pass, passes);
+              pa_rescale_from(scales, i), prefetch, (j0 * m + count * i) * d, n * m * d);
     }
     for (; i + 2 <= m; i += 2) {
       pv_rows(2, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
-              pa_rescale_from(scales, i), prefetch, &pass, passes);
+              pa_rescale_from(scales, i), prefetch, (j0 * m + count * i) * d, n * m * d);
     }
     for (; i < m; i++) {
       pv_rows(1, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
-              pa_rescale_from(scales, i), prefetch, &pass, passes);
+              pa_rescale_from(scales, i), prefetch, (j0 * m + count * i) * d, n * m * d);
     }
   }
 }

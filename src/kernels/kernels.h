@@ -29,17 +29,17 @@ typedef void (*pa_axpy_fn)(float *y, const float *x, size_t n, float a);
  * address ranges in address order, and this call's share of their cache
  * lines. Requests spread evenly through the compute keep DRAM busy; a burst
  * before or after it does not. A kernel that walks its keys several times
- * (row groups, column blocks) spreads the share over all of those passes
- * (see pa_prefetch_pass). */
+ * (row groups, column blocks) spreads the share over all of its work (see
+ * pa_prefetch_span). */
 typedef struct pa_prefetch {
   const char *const *start; /* [count] range starts */
   const size_t *bytes;      /* [count] range lengths */
   size_t count;
-  size_t next;         /* the range being issued */
-  size_t offset;       /* bytes of it already issued */
-  size_t budget;       /* lines this call issues */
-  size_t issued;       /* lines this call has issued */
-  size_t pass, passes; /* the kernel's pass over its keys, of how many */
+  size_t next;                               /* the range being issued */
+  size_t offset;                             /* bytes of it already issued */
+  size_t budget;                             /* lines this call issues */
+  size_t issued;                             /* lines this call has issued */
+  size_t span_first, span_width, span_total; /* the kernel's current loop, in its work units */
 } pa_prefetch;
 
 /* S[i][j] = dot(Q[i], K[j]) for i < m, j < n over d elements. Q has leading

@@ -4,41 +4,36 @@
 
 #include "kernels.h"
 
-/* A kernel call starts with all of its budget ahead and one pass. */
+/* A kernel call starts with all of its budget ahead, as one loop. */
 static inline void pa_prefetch_begin(pa_prefetch *p, size_t budget) {
   p->budget = budget;
   p->issued = 0;
-  p->pass = 0;
-  p->passes = 1;
+  p->span_first = 0;
+  p->span_width = 1;
+  p->span_total = 1;
 }
 
-/* The kernel starts pass `pass` of `passes` over its keys: the budget is
- * spread over all of them, not spent in the first (8x4096 decode, 1 thread:
- * 1-token blocks 68% -> 76% of the read bandwidth, 64-token blocks 74% ->
- * 83%, head size 256 66% -> 76%, once P V's column blocks shared it). */
-static inline void pa_prefetch_pass(pa_prefetch *p, size_t pass, size_t passes) {
+/* The kernel's next loop over its keys covers units [first, first + width)
+ * of the `total` units of its work (row x column or key x row x column
+ * products, as the kernel counts them): the budget is spread over all of
+ * the work, not spent in the first loop (8x4096 decode, 1 thread: 1-token
+ * blocks 68% -> 76% of the read bandwidth, 64-token blocks 74% -> 83%, head
+ * size 256 66% -> 76%, once P V's column blocks shared it). */
+static inline void pa_prefetch_span(pa_prefetch *p, size_t first, size_t width, size_t total) {
   if (!p) return;
-  p->pass = pass;
-  p->passes = passes;
-}
-
-/* Row groups of a kernel that takes its rows 4, then 2, then 1 at a time. */
-static inline size_t pa_row_groups(size_t m) { return m / 4 + m % 4 / 2 + m % 2; }
-
-/* Passes of such a kernel that takes `cols_by_4` columns at a time in its
- * groups of 4 rows and `cols_fewer` in the others. */
-static inline size_t pa_column_passes(size_t m, size_t d, size_t cols_by_4, size_t cols_fewer) {
-  return m / 4 * ((d + cols_by_4 - 1) / cols_by_4) +
-         (m % 4 / 2 + m % 2) * ((d + cols_fewer - 1) / cols_fewer);
+  p->span_first = first;
+  p->span_width = width;
+  p->span_total = total;
 }
 
 /* Issues the lines of `p`'s budget that belong to steps [step, step + count)
- * of a loop of `steps` steps in the current pass, continuing where the
+ * of a loop of `steps` steps in the current span, continuing where the
  * ranges were left. */
 static inline void pa_prefetch_step(pa_prefetch *p, size_t step, size_t count, size_t steps) {
-  if (!p || steps == 0 || p->passes == 0) return;
+  if (!p || steps == 0 || p->span_total == 0) return;
   size_t done = step + count >= steps ? steps : step + count;
-  size_t target = p->budget * (p->pass * steps + done) / (p->passes * steps);
+  size_t target =
+      p->budget * (p->span_first * steps + p->span_width * done) / (p->span_total * steps);
   if (p->issued >= target) return;
   /* The cursor lives in locals here: through the pointer every update would
    * be a store the compiler cannot drop. */
