@@ -78,33 +78,30 @@ PA_INLINE __m256i pa512_to_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
 
-/* 2^x to 2.4e-7 relative: x = n + f with |f| <= 1/2, a degree-5 minimax
- * polynomial for 2^f, and vscalefps for the 2^n (which overflows to inf and
- * underflows to 0 cleanly). Below -200 the result is 0, so 2^-inf = 0. */
-PA_INLINE __m512 pa512_exp2(__m512 x) {
+/* 2^x = 2^n * p(f), x = n + f with |f| <= 1/2 and p the polynomial with
+ * the `count` coefficients `c`, highest degree first; vscalefps does the
+ * 2^n (it overflows to inf and underflows to 0 cleanly). Below -200 the
+ * result is 0, so 2^-inf = 0. */
+PA_INLINE __m512 pa512_exp2_poly(__m512 x, const float *c, int count) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
   __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.3280616e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6756266e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5507012e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022117e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314694e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(c[0]);
+  for (int i = 1; i < count; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
   return _mm512_scalef_ps(p, n);
+}
+
+/* 2^x to 2.4e-7 relative (degree-5 minimax polynomial). */
+PA_INLINE __m512 pa512_exp2(__m512 x) {
+  const float c[6] = {1.3280616e-3f, 9.6756266e-3f, 5.5507012e-2f,
+                      2.4022117e-1f, 6.9314694e-1f, 1.0f};
+  return pa512_exp2_poly(x, c, 6);
 }
 
 /* 2^x to 3.7e-6 relative (degree 4): for weights rounded to bf16 later. */
 PA_INLINE __m512 pa512_exp2_bf16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
-  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(9.5736943e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5918600e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024661e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9312167e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  const float c[5] = {9.5736943e-3f, 5.5918600e-2f, 2.4024661e-1f, 6.9312167e-1f, 1.0f};
+  return pa512_exp2_poly(x, c, 5);
 }
 
 /* tanh(x) = 1 - 2 / (e^(2x) + 1): saturates cleanly at both ends. */
