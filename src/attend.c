@@ -282,6 +282,14 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
   }
 }
 
+/* Bytes of one KV head's K rows in a direct tile of a long sequence in
+ * small blocks: head sizes 64 / 96 / 128 / 256 in 2 bytes then take 64 /
+ * 48 / 32 / 16 keys (8x4096 decode, 1 thread, % of the read bandwidth:
+ * head size 64 at 32 keys 67.7, at 64 keys 71.1; head size 96 at 32 keys
+ * 70.1, 48 keys 73.0, 42 keys 67.7 (tiles of a multiple of 16 keys leave
+ * the 4 x 4 Q K^T blocks no tail); head size 256 at 8 keys 63, 16 keys 77). */
+enum { PA_DIRECT_TILE_BYTES = 8192 };
+
 /* Keys per tile of a direct (decode) item over `keys` keys (measurements in
  * docs/decode-memory.md). Short tiles keep the next tile, requested while
  * this one computes, close to where it is read: measured best for long
@@ -289,15 +297,14 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
  * FP8 decode is compute-bound, large blocks are contiguous anyway, and a
  * short sequence is mostly per-call overhead: there fewer, longer kernel
  * calls win, and up to a whole tile's worth of keys in one tile (1 x 128
- * keys: 10.6 -> 8.1 us per call). Rows of 512 bytes or more (head size 256
- * in 2 bytes) take 16 keys, the bytes of 32 rows of 256 (8x4096 decode at
- * head size 256: 73% -> 78% of the read bandwidth). */
+ * keys: 10.6 -> 8.1 us per call). */
 static size_t direct_tile(const pa_kv_source *kv, int64_t keys, size_t key_tile) {
   int long_tiles =
       pa_dtype_size(kv->dtype) == 1 || !kv->block_tables || kv->block_size >= 64 || keys <= 256;
   if (keys <= (int64_t)key_tile) return key_tile; /* one tile: nothing ahead to fetch */
   if (long_tiles) return 64;
-  return kv->token_bytes >= 512 ? 16 : 32;
+  size_t fill = (PA_DIRECT_TILE_BYTES + (size_t)kv->token_bytes - 1) / (size_t)kv->token_bytes;
+  return PA_MIN(PA_MAX((fill + 15) / 16 * 16, 16), key_tile);
 }
 
 static void attend_item(const pa_attention_call *c, const pa_plan_item *item, int thread) {

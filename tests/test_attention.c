@@ -397,6 +397,22 @@ static void targeted_long(void) {
     }
     run_case(&c);
   }
+  /* 2-byte caches in small blocks take tiles of a fixed byte size: 64,
+   * 48 (not a power of two), 16 keys and the 128-key cap, over several tiles. */
+  static const int head_sizes[] = {64, 96, 80, 256, 24};
+  static const int qd[] = {1, 1, 2}, kd[] = {700, 333, 517};
+  for (int i = 0; i < 5; i++) {
+    attn_case c = base_case("long decode, tiles by bytes");
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_size = head_sizes[i];
+    c.block_size = i == 1 ? 5 : 16;
+    c.act = c.src_dtype = i == 2 ? PA_F16 : PA_BF16;
+    c.cache_dtype = c.act;
+    set_seqs(&c, 3, qd, kd);
+    c.ctx = 0;
+    run_case(&c);
+  }
   /* A batch of one long decode: all threads must share one sequence. */
   static const int q1[] = {1}, k1[] = {4099};
   for (int i = 0; i < 2; i++) {
