@@ -255,13 +255,13 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
       const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
       float *scores = s->s + r0 * tile;
       pa_prefetch_begin(ahead, budget);
-      pa_prefetch_step(ahead, 0, 1, 1);
+      pa_prefetch_step(ahead, 1);
       c->ops->pack_k(s->k_packed, head_rows(c, k_rows, n, kv, spare[kv & 1][0]), n, d);
       c->ops->pack_v(s->v_packed, head_rows(c, v_rows, n, kv, spare[kv & 1][1]), n, d);
       c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile);
       softmax_rows(c, s, first, n, r0, m_kv, all_visible);
       pa_prefetch_begin(ahead, budget);
-      pa_prefetch_step(ahead, 0, 1, 1);
+      pa_prefetch_step(ahead, 1);
       c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, s->o + r0 * s->ldo, s->ldo,
                         s->rescale + r0);
     }

@@ -52,7 +52,7 @@ PA_INLINE void qk_rows(const int rows, pa256_loader load, size_t elem, size_t n,
   const int keys = 8 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
     size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
-    pa_prefetch_step(prefetch, j, (size_t)keys, n);
+    pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[8];
     for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
     qk_block(rows, keys, load, elem, d, q, ldq, k, s + j, lds, valid);
@@ -64,15 +64,15 @@ PA_INLINE void qk(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, 
                   pa_prefetch *prefetch) {
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m);
+    pa_prefetch_span(prefetch, i, 4, m, n);
     qk_rows(4, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m);
+    pa_prefetch_span(prefetch, i, 2, m, n);
     qk_rows(2, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m);
+    pa_prefetch_span(prefetch, i, 1, m, n);
     qk_rows(1, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
 }
@@ -90,7 +90,7 @@ PA_INLINE void pv_block_full(const int rows, const int chunks, pa256_loader load
       acc[r * chunks + c] = pa256_scaled(_mm256_loadu_ps(o + r * ldo + c0 + 8 * c), scale);
   }
   for (size_t j = 0; j < n; j++) {
-    pa_prefetch_step(prefetch, j, 1, n);
+    pa_prefetch_step(prefetch, j + 1);
     const char *v = (const char *)v_rows[j] + c0 * elem;
     __m256 vv[4];
     for (int c = 0; c < chunks; c++) vv[c] = load(v + 8 * (size_t)c * elem, 8);
@@ -125,7 +125,7 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, siz
     }
   }
   for (size_t j = 0; j < n; j++) {
-    pa_prefetch_step(prefetch, j, 1, n);
+    pa_prefetch_step(prefetch, j + 1);
     __m256 vv[4];
     const char *v = (const char *)v_rows[j] + c0 * elem;
     for (int c = 0; c < chunks; c++) {
@@ -155,19 +155,19 @@ PA_INLINE void pv(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, 
                   pa_prefetch *prefetch) {
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m);
+    pa_prefetch_span(prefetch, i, 4, m, n);
     for (size_t c0 = 0; c0 < d; c0 += 16)
       pv_block(4, 2, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
                pa_rescale_from(rescale, i), c0 == 0 ? prefetch : NULL);
   }
   for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m);
+    pa_prefetch_span(prefetch, i, 2, m, n);
     for (size_t c0 = 0; c0 < d; c0 += 32)
       pv_block(2, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
                pa_rescale_from(rescale, i), c0 == 0 ? prefetch : NULL);
   }
   for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m);
+    pa_prefetch_span(prefetch, i, 1, m, n);
     for (size_t c0 = 0; c0 < d; c0 += 32)
       pv_block(1, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
                pa_rescale_from(rescale, i), c0 == 0 ? prefetch : NULL);

@@ -39,7 +39,7 @@ PA_INLINE void qk_rows(const int rows, pa512_loader load, size_t elem, size_t n,
   const int keys = 16 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
     size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
-    pa_prefetch_step(prefetch, j, (size_t)keys, n);
+    pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
     qk_block(rows, keys, load, elem, d, q, ldq, k, s + j, lds, valid);
@@ -51,16 +51,37 @@ PA_INLINE void qk(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, 
                   pa_prefetch *prefetch) {
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m);
+    pa_prefetch_span(prefetch, i, 4, m, n);
     qk_rows(4, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m);
+    pa_prefetch_span(prefetch, i, 2, m, n);
     qk_rows(2, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m);
+    pa_prefetch_span(prefetch, i, 1, m, n);
     qk_rows(1, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
+  }
+}
+
+/* acc[r][c] += P[r][j] V[j][c] for keys [0, n), two keys per prefetch
+ * step; `full`: no partial chunk, so the loads need no mask test. */
+PA_INLINE void pv_keys(const int rows, const int chunks, const int full, pa512_loader load,
+                       size_t elem, size_t n, const __mmask16 *mask, const float *p, size_t ldp,
+                       const char *const *v_rows, size_t offset, __m512 *acc,
+                       pa_prefetch *prefetch) {
+  for (size_t j = 0; j < n; j++) {
+    if (j % 2 == 0) pa_prefetch_step(prefetch, j + 2);
+    __m512 vv[8];
+    const char *v = v_rows[j] + offset;
+    for (int c = 0; c < chunks; c++)
+      vv[c] =
+          full ? load(v + 16 * (size_t)c * elem, 0xffff) : load(v + 16 * (size_t)c * elem, mask[c]);
+    for (int r = 0; r < rows; r++) {
+      __m512 weight = _mm512_set1_ps(p[r * ldp + j]);
+      for (int c = 0; c < chunks; c++)
+        acc[r * chunks + c] = _mm512_fmadd_ps(weight, vv[c], acc[r * chunks + c]);
+    }
   }
 }
 
@@ -77,17 +98,11 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, siz
       acc[r * chunks + c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
                                          pa512_row_scale(rescale, r));
   }
-  for (size_t j = 0; j < n; j++) {
-    pa_prefetch_step(prefetch, j, 1, n);
-    __m512 vv[8];
-    const char *v = (const char *)v_rows[j] + c0 * elem;
-    for (int c = 0; c < chunks; c++) vv[c] = load(v + 16 * (size_t)c * elem, mask[c]);
-    for (int r = 0; r < rows; r++) {
-      __m512 weight = _mm512_set1_ps(p[r * ldp + j]);
-      for (int c = 0; c < chunks; c++)
-        acc[r * chunks + c] = _mm512_fmadd_ps(weight, vv[c], acc[r * chunks + c]);
-    }
-  }
+  const char *const *v = (const char *const *)v_rows;
+  if (c0 + 16 * (size_t)chunks <= d)
+    pv_keys(rows, chunks, 1, load, elem, n, mask, p, ldp, v, c0 * elem, acc, prefetch);
+  else
+    pv_keys(rows, chunks, 0, load, elem, n, mask, p, ldp, v, c0 * elem, acc, prefetch);
   for (int c = 0; c < chunks; c++) {
     size_t col = c0 + 16 * (size_t)c;
     for (int r = 0; r < rows; r++)
@@ -101,21 +116,21 @@ PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, 
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
     for (size_t c0 = 0; c0 < d; c0 += 64) {
-      pa_prefetch_span(prefetch, i * d + 4 * c0, 4 * PA_MIN(d - c0, 64), m * d);
+      pa_prefetch_span(prefetch, i * d + 4 * c0, 4 * PA_MIN(d - c0, 64), m * d, n);
       pv_block(4, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
                pa_rescale_from(rescale, i), prefetch);
     }
   }
   for (; i + 2 <= m; i += 2) {
     for (size_t c0 = 0; c0 < d; c0 += 128) {
-      pa_prefetch_span(prefetch, i * d + 2 * c0, 2 * PA_MIN(d - c0, 128), m * d);
+      pa_prefetch_span(prefetch, i * d + 2 * c0, 2 * PA_MIN(d - c0, 128), m * d, n);
       pv_block(2, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
                pa_rescale_from(rescale, i), prefetch);
     }
   }
   for (; i < m; i++) {
     for (size_t c0 = 0; c0 < d; c0 += 128) {
-      pa_prefetch_span(prefetch, i * d + 1 * c0, 1 * PA_MIN(d - c0, 128), m * d);
+      pa_prefetch_span(prefetch, i * d + 1 * c0, 1 * PA_MIN(d - c0, 128), m * d, n);
       pv_block(1, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
                pa_rescale_from(rescale, i), prefetch);
     }

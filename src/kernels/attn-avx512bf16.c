@@ -51,7 +51,7 @@ PA_INLINE void qk_rows(const int rows, pa_bf16_loader load, size_t elem,
   const int keys = 16 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
     size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
-    pa_prefetch_step(prefetch, j, (size_t)keys, n);
+    pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
     qk_block(rows, keys, load, elem, tables, d, q, ldq, k, s + j, lds, valid);
@@ -64,15 +64,15 @@ PA_INLINE void qk(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
   pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m);
+    pa_prefetch_span(prefetch, i, 4, m, n);
     qk_rows(4, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m);
+    pa_prefetch_span(prefetch, i, 2, m, n);
     qk_rows(2, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m);
+    pa_prefetch_span(prefetch, i, 1, m, n);
     qk_rows(1, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
 }
@@ -107,7 +107,7 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa_bf16_loader load, s
     }
   }
   for (size_t j = 0; j < n; j += 2) {
-    pa_prefetch_step(prefetch, j, 2, n);
+    pa_prefetch_step(prefetch, j + 2);
     const char *va = (const char *)v_rows[j] + c0 * elem;
     const char *vb = j + 1 < n ? (const char *)v_rows[j + 1] + c0 * elem : NULL;
     __m512i lo_v[4], hi_v[4];
@@ -155,7 +155,7 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
       pack_pairs(4, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 64) {
         pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 4 * c0),
-                         count * 4 * PA_MIN(d - c0, 64), n * m * d);
+                         count * 4 * PA_MIN(d - c0, 64), n * m * d, count);
         pv_block(4, 2, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
                  pa_rescale_from(scales, i), prefetch);
       }
@@ -164,7 +164,7 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
       pack_pairs(2, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
         pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 2 * c0),
-                         count * 2 * PA_MIN(d - c0, 128), n * m * d);
+                         count * 2 * PA_MIN(d - c0, 128), n * m * d, count);
         pv_block(2, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
                  pa_rescale_from(scales, i), prefetch);
       }
@@ -173,7 +173,7 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
       pack_pairs(1, count, p + i * ldp + j0, ldp, pairs);
       for (size_t c0 = 0; c0 < d; c0 += 128) {
         pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 1 * c0),
-                         count * 1 * PA_MIN(d - c0, 128), n * m * d);
+                         count * 1 * PA_MIN(d - c0, 128), n * m * d, count);
         pv_block(1, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
                  pa_rescale_from(scales, i), prefetch);
       }

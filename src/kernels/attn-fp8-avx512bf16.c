@@ -121,7 +121,7 @@ PA_INLINE void qk_rows(const int rows, const pa_fp8_tables *t, size_t n, size_t 
   const int keys = 16 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
     size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
-    pa_prefetch_step(prefetch, j, (size_t)keys, n);
+    pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     for (int i = 0; i < keys; i++) k[i] = k_rows[j + ((size_t)i < valid ? (size_t)i : valid - 1)];
     qk_block(rows, keys, t, d, q, ldq, k, s + j, lds, valid);
@@ -134,15 +134,15 @@ PA_INLINE void qk(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
   pa_fp8_tables t = fp8_tables(bytes);
   size_t i = 0;
   for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m);
+    pa_prefetch_span(prefetch, i, 4, m, n);
     qk_rows(4, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m);
+    pa_prefetch_span(prefetch, i, 2, m, n);
     qk_rows(2, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
   for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m);
+    pa_prefetch_span(prefetch, i, 1, m, n);
     qk_rows(1, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
   }
 }
@@ -177,7 +177,7 @@ PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t
   }
   __mmask64 m = tail_mask64(d - g);
   for (size_t j = 0; j < n; j += 2) {
-    pa_prefetch_step(prefetch, j, 2, n);
+    pa_prefetch_step(prefetch, j + 2);
     __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
     to_bf16x64(load64((const uint8_t *)v_rows[j] + g, m), t, &a0, &a1);
     if (j + 1 < n) to_bf16x64(load64((const uint8_t *)v_rows[j + 1] + g, m), t, &b0, &b1);
@@ -202,7 +202,7 @@ PA_INLINE void pv_rows(const int rows, const pa_fp8_tables *t, size_t n, size_t 
   pack_pairs(rows, n, p, ldp, pairs);
   for (size_t g = 0; g < d; g += 64) {
     pa_prefetch_span(prefetch, work_done + n * (size_t)rows * g,
-                     n * (size_t)rows * PA_MIN(d - g, 64), work_total);
+                     n * (size_t)rows * PA_MIN(d - g, 64), work_total, n);
     pv_group(rows, t, n, g, d, pairs, v_rows, o, ldo, rescale, prefetch);
   }
 }

@@ -35,11 +35,12 @@ typedef struct pa_prefetch {
   const char *const *start; /* [count] range starts */
   const size_t *bytes;      /* [count] range lengths */
   size_t count;
-  size_t next;                               /* the range being issued */
-  size_t offset;                             /* bytes of it already issued */
-  size_t budget;                             /* lines this call issues */
-  size_t issued;                             /* lines this call has issued */
-  size_t span_first, span_width, span_total; /* the kernel's current loop, in its work units */
+  size_t next;                    /* the range being issued */
+  size_t offset;                  /* bytes of it already issued */
+  size_t budget;                  /* lines this call issues */
+  size_t issued;                  /* lines this call has issued */
+  size_t span_end;                /* issued by the end of the kernel's current loop */
+  uint64_t span_begin, span_rate; /* 32.32: issued after step k is begin + rate * k */
 } pa_prefetch;
 
 /* S[i][j] = dot(Q[i], K[j]) for i < m, j < n over d elements. Q has leading
