@@ -178,11 +178,13 @@ PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t
   __mmask64 m = tail_mask64(d - g);
   for (size_t j = 0; j < n; j += 2) {
     pa_prefetch_step(prefetch, j + 2);
-    __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
-    to_bf16x64(load64((const uint8_t *)v_rows[j] + g, m), t, &a0, &a1);
-    if (j + 1 < n) to_bf16x64(load64((const uint8_t *)v_rows[j + 1] + g, m), t, &b0, &b1);
-    __m512i pair[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
-                       _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
+    /* Bytes interleaved before the lookups, which then give bf16 pairs
+     * (V[j][e], V[j + 1][e]) directly, in the order described above. */
+    __m512i a = load64((const uint8_t *)v_rows[j] + g, m);
+    __m512i b = j + 1 < n ? load64((const uint8_t *)v_rows[j + 1] + g, m) : _mm512_setzero_si512();
+    __m512i pair[4];
+    to_bf16x64(_mm512_unpacklo_epi8(a, b), t, &pair[0], &pair[1]);
+    to_bf16x64(_mm512_unpackhi_epi8(a, b), t, &pair[2], &pair[3]);
     for (int r = 0; r < rows; r++) {
       __m512i weights = _mm512_set1_epi32((int)pairs[r][j / 2]);
       for (int c = 0; c < 4; c++) acc[r][c] = dot(acc[r][c], weights, pair[c]);
