@@ -1,0 +1,198 @@
+/* pagedattn-kernel-bench: the decode micro-kernels alone, as the attention loop calls them for
+ * one tile (Q K^T per KV head, one softmax for all rows, P V per KV head), with K and V resident
+ * in L2. Each figure is the time per key and KV head next to the time this machine's memory
+ * needs to deliver that key's K and V bytes at the streaming-read bandwidth measured in the same
+ * process: a loop slower than that cannot run decode at memory speed whatever the prefetching.
+ *
+ * The next tile's prefetch requests are issued as the library issues them, to one of three
+ * targets: none (the kernels alone), lines already in L2/L3 (the cost of issuing them), or a
+ * buffer far beyond the L3 walked in order (the cost of requests that go to DRAM). Internal
+ * tool: it includes the library's private headers (src/). */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch.h"
+#include "kernels/prefetch.h"
+#include "roofline.h"
+#include "util.h"
+
+enum { KV_HEADS = 8, ROWS = 4, LDS = PA_PACK_KEYS }; /* Llama-3-8B: 32 / 8 heads */
+enum { TARGET_NONE, TARGET_CACHED, TARGET_DRAM, NUM_TARGETS };
+static const char *const target_names[NUM_TARGETS] = {"none", "cached", "dram"};
+
+typedef struct kernel_case {
+  const char *name;
+  pa_dtype act, cache;
+  size_t head_size, keys; /* keys per tile, as the decode loop picks them */
+} kernel_case;
+
+static const kernel_case cases[] = {
+    {"bf16", PA_BF16, PA_BF16, 128, 32},
+    {"f16", PA_F16, PA_F16, 128, 32},
+    {"fp8_e4m3", PA_BF16, PA_FP8_E4M3, 128, 64},
+    {"fp8_e5m2", PA_BF16, PA_FP8_E5M2, 128, 64},
+    {"f32", PA_F32, PA_F32, 128, 16},
+    {"bf16_hs64", PA_BF16, PA_BF16, 64, 64},
+    {"bf16_hs96", PA_BF16, PA_BF16, 96, 48},
+    {"bf16_hs256", PA_BF16, PA_BF16, 256, 16},
+};
+
+typedef struct prefetch_target {
+  char *base;
+  size_t bytes, at; /* the walk's position */
+} prefetch_target;
+
+typedef struct phase_times {
+  double qk, softmax, pv; /* seconds, summed over the timed reps */
+} phase_times;
+
+/* One tile's kernel calls, `reps` times (after a warm-up); the next tile's requests (the same
+ * bytes as the tile's K and V) are taken from `target` when it is set. */
+static phase_times time_tile(const pa_kernels *k, const kernel_case *c, prefetch_target *target,
+                             int reps) {
+  const pa_attn_ops *ops = &k->attn[c->act][c->cache];
+  size_t d = c->head_size, n = c->keys, elem = pa_dtype_size(c->cache);
+  size_t ldq = (d + 63) / 64 * 64, rows = (size_t)KV_HEADS * ROWS, row_bytes = d * elem;
+  size_t tile_bytes = KV_HEADS * n * row_bytes; /* K, and as much V */
+  char *kv = pab_big_alloc(2 * tile_bytes);
+  float *q_f32 = pab_xcalloc(rows * ldq, sizeof(float));
+  char *q = pab_xcalloc(rows * ldq, 4);
+  float *s = pab_xcalloc(rows * LDS, sizeof(float)), *o = pab_xcalloc(rows * d, sizeof(float));
+  float *row_max = pab_xcalloc(rows, sizeof(float)), *row_sum = pab_xcalloc(rows, sizeof(float));
+  float *rescale = pab_xcalloc(rows, sizeof(float));
+  const void **k_rows = pab_xcalloc(KV_HEADS * n, sizeof(void *));
+  const void **v_rows = pab_xcalloc(KV_HEADS * n, sizeof(void *));
+  if (!kv) pab_die("out of memory for the tile");
+  pab_rng rng = {42};
+  for (size_t i = 0; i < 2 * tile_bytes; i++) kv[i] = (char)(pab_rng_next(&rng) & 0x3b);
+  for (size_t i = 0; i < rows * ldq; i++) q_f32[i] = (float)(pab_rng_next(&rng) % 100) / 50 - 1;
+  for (size_t r = 0; r < rows; r++)
+    ops->load_q(q + r * ldq * ops->q_size, q_f32 + r * ldq, d, 0.1f);
+  for (size_t h = 0; h < KV_HEADS; h++) {
+    for (size_t j = 0; j < n; j++) {
+      k_rows[h * n + j] = kv + (h * n + j) * row_bytes;
+      v_rows[h * n + j] = kv + tile_bytes + (h * n + j) * row_bytes;
+    }
+  }
+  size_t budget = (2 * tile_bytes / PA_CACHE_LINE + 2 * KV_HEADS - 1) / (2 * KV_HEADS);
+  const char *range_start[1];
+  size_t range_bytes[1] = {2 * tile_bytes};
+  phase_times t = {0, 0, 0};
+  for (int rep = -reps / 4; rep < reps; rep++) { /* negative: warm-up */
+    pa_prefetch ahead = {.start = range_start, .bytes = range_bytes, .count = 1};
+    if (target) {
+      if (target->at + range_bytes[0] > target->bytes) target->at = 0;
+      range_start[0] = target->base + target->at;
+      target->at += range_bytes[0];
+    }
+    for (size_t r = 0; r < rows; r++) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.0f;
+    }
+    double t0 = pab_now();
+    for (size_t h = 0; h < KV_HEADS; h++) {
+      pa_prefetch_begin(&ahead, budget);
+      ops->qk(ROWS, n, d, q + h * ROWS * ldq * ops->q_size, ldq, k_rows + h * n, s + h * ROWS * LDS,
+              LDS, target ? &ahead : NULL);
+    }
+    double t1 = pab_now();
+    pa_softmax_tile tile = {.m = rows,
+                            .n = n,
+                            .score_scale = ops->scale_scores ? 0.1f : 1.0f,
+                            .row_max = row_max,
+                            .row_sum = row_sum,
+                            .rescale = rescale,
+                            .bf16_weights = ops->q_size == 2};
+    k->softmax(&tile, s, LDS);
+    double t2 = pab_now();
+    for (size_t h = 0; h < KV_HEADS; h++) {
+      pa_prefetch_begin(&ahead, budget);
+      ops->pv(ROWS, n, d, s + h * ROWS * LDS, LDS, v_rows + h * n, o + h * ROWS * d, d,
+              rescale + h * ROWS, target ? &ahead : NULL);
+    }
+    double t3 = pab_now();
+    if (rep >= 0) {
+      t.qk += t1 - t0;
+      t.softmax += t2 - t1;
+      t.pv += t3 - t2;
+    }
+  }
+  pab_big_free(kv);
+  free(q_f32), free(q), free(s), free(o), free(row_max), free(row_sum), free(rescale);
+  free(k_rows), free(v_rows);
+  return t;
+}
+
+static void usage(FILE *f) {
+  fputs(
+      "usage: pagedattn-kernel-bench [--quick] [--isa NAME]\n"
+      "Times the decode micro-kernels of one tile with K/V in L2 (see the top of\n"
+      "bench/kernels.c); ns per key and KV head, and that time over the time the\n"
+      "memory needs for the same K/V bytes at the read bandwidth measured first.\n",
+      f);
+}
+
+int main(int argc, char **argv) {
+  int quick = 0;
+  const char *isa_name = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--quick")) {
+      quick = 1;
+    } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+      isa_name = argv[++i];
+    } else {
+      usage(strcmp(argv[i], "--help") ? stderr : stdout);
+      return strcmp(argv[i], "--help") ? 2 : 0;
+    }
+  }
+  pa_isa isa = pa_isa_detect();
+  if (isa_name && (!pa_isa_parse(isa_name, &isa) || isa > pa_isa_detect()))
+    pab_die("--isa %s: not a family this machine runs (scalar, avx2, avx512)", isa_name);
+  pa_kernels k;
+  pa_kernels_build(isa, &k);
+
+  pab_machine mach;
+  pab_machine_probe(&mach);
+  size_t far_bytes = quick ? (size_t)16 << 20 : PA_MAX((size_t)256 << 20, 8 * mach.l3_bytes);
+  pab_read_probe *probe = pab_read_probe_new(&mach, far_bytes, 1);
+  if (!probe) pab_die("out of memory for the read probe");
+  double read_gbs = pab_read_probe_gbs(probe, 1, quick ? 1 : 3);
+  pab_read_probe_free(probe);
+  prefetch_target cached = {pab_big_alloc((size_t)256 << 10), (size_t)256 << 10, 0};
+  prefetch_target far = {pab_big_alloc(far_bytes), far_bytes, 0};
+  if (!cached.base || !far.base) pab_die("out of memory for the prefetch targets");
+  memset(cached.base, 1, cached.bytes);
+  memset(far.base, 1, far.bytes);
+
+  printf("# pagedattn-kernel-bench isa=%s cpu=%s read_gbs=%.2f (1 thread)\n", k.isa, mach.cpu,
+         read_gbs);
+  printf(
+      "# ns per key and KV head, %d KV heads x %d query rows each; memory = the K and V bytes "
+      "of a key and KV head at read_gbs\n",
+      KV_HEADS, ROWS);
+  printf("%-11s %4s %4s %-7s %7s %7s %7s %7s %7s %9s\n", "cache", "d", "keys", "prefetch", "qk",
+         "softmax", "pv", "total", "memory", "total/mem");
+  int reps = quick ? 20 : 20000;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const kernel_case *c = &cases[i];
+    double memory_ns = 2.0 * (double)(c->head_size * pa_dtype_size(c->cache)) / read_gbs;
+    for (int target = 0; target < NUM_TARGETS; target++) {
+      prefetch_target *where = target == TARGET_NONE     ? NULL
+                               : target == TARGET_CACHED ? &cached
+                                                         : &far;
+      phase_times t = time_tile(&k, c, where, reps);
+      double per = 1e9 / ((double)reps * KV_HEADS * (double)c->keys);
+      double total = (t.qk + t.softmax + t.pv) * per;
+      printf("%-11s %4zu %4zu %-8s %7.2f %7.2f %7.2f %7.2f %7.2f %9.2f\n", c->name, c->head_size,
+             c->keys, target_names[target], t.qk * per, t.softmax * per, t.pv * per, total,
+             memory_ns, total / memory_ns);
+    }
+  }
+  pab_big_free(cached.base);
+  pab_big_free(far.base);
+  return 0;
+}
