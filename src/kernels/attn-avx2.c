@@ -139,11 +139,8 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, siz
   }
   for (int c = 0; c < chunks; c++) {
     size_t col = c0 + 8 * (size_t)c;
-    for (int r = 0; r < rows && count[c]; r++) {
-      float lanes[8];
-      _mm256_storeu_ps(lanes, acc[r * chunks + c]);
-      memcpy(o + r * ldo + col, lanes, count[c] * sizeof(float));
-    }
+    for (int r = 0; r < rows && count[c]; r++)
+      pa256_store_f32(o + r * ldo + col, acc[r * chunks + c], count[c]);
   }
 }
 
@@ -238,9 +235,7 @@ PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
       x = _mm256_mul_ps(x, _mm256_set1_ps(PA_LOG2E));
     }
     x = _mm256_blendv_ps(minus_inf, x, visible);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, x);
-    memcpy(row + j, lanes, count * sizeof(float));
+    pa256_store_f32(row + j, x, count);
     vmax = _mm256_max_ps(vmax, x);
   }
   return reduce_max(vmax);
@@ -261,11 +256,8 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
     __m256 correction =
         _mm256_blendv_ps(pa256_exp2(_mm256_sub_ps(before, after)), _mm256_set1_ps(1.0f), none);
     __m256 sum = _mm256_mul_ps(pa256_load_f32(t->row_sum + i, count), correction);
-    float lanes[8], sums[8];
-    _mm256_storeu_ps(lanes, correction);
-    _mm256_storeu_ps(sums, sum);
-    memcpy(t->rescale + i, lanes, count * sizeof(float));
-    memcpy(t->row_sum + i, sums, count * sizeof(float));
+    pa256_store_f32(t->rescale + i, correction, count);
+    pa256_store_f32(t->row_sum + i, sum, count);
   }
   for (size_t i = 0; i < t->m; i++) {
     float *row = s + i * lds;
@@ -277,11 +269,10 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
     for (size_t j = 0; j < t->n; j += 8) {
       size_t count = t->n - j < 8 ? t->n - j : 8;
       __m256 weight = pa256_exp2(_mm256_sub_ps(pa256_load_f32(row + j, count), shift));
-      float lanes[8];
-      _mm256_storeu_ps(lanes, weight);
-      memset(lanes + count, 0, (8 - count) * sizeof(float));
-      memcpy(row + j, lanes, count * sizeof(float));
-      vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(lanes));
+      pa256_store_f32(row + j, weight, count);
+      if (count < 8) /* the padding lanes hold 2^(0 - shift), not part of the sum */
+        weight = _mm256_and_ps(weight, _mm256_castsi256_ps(pa256_tail_mask(count)));
+      vsum = _mm256_add_ps(vsum, weight);
     }
     t->row_sum[i] += reduce_add(vsum);
   }
