@@ -39,12 +39,21 @@ static inline void pa_prefetch_step(pa_prefetch *p, size_t done) {
   target = PA_MIN(target, p->span_end);
   if (p->issued >= target) return;
   /* The cursor lives in locals here: through the pointer every update would
-   * be a store the compiler cannot drop. */
+   * be a store the compiler cannot drop. Each range's share goes out as one
+   * run of lines, with no per-line bookkeeping (bf16 loop with cached
+   * targets 12.7 -> 11.1 ns per key and KV head; 16x4096 decode, 1 thread,
+   * 10 alternating runs: bf16 75.6 -> 76.7%, f16 70.1 -> 73.1%, FP8 57.6 ->
+   * 60.7%; 8x4096 with 64-token blocks +2, head size 64 +3, but 1-token
+   * blocks 74 -> 70% and head size 256 77 -> 74%). */
   size_t next = p->next, offset = p->offset, issued = p->issued;
-  for (; issued < target && next < p->count; issued++) {
-    __builtin_prefetch(p->start[next] + offset, 0, 3);
-    offset += PA_CACHE_LINE;
-    if (offset >= p->bytes[next]) {
+  while (issued < target && next < p->count) {
+    const char *line = p->start[next] + offset;
+    size_t left = (p->bytes[next] - offset + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
+    size_t run = PA_MIN(left, target - issued);
+    for (size_t i = 0; i < run; i++) __builtin_prefetch(line + i * PA_CACHE_LINE, 0, 3);
+    issued += run;
+    offset += run * PA_CACHE_LINE;
+    if (run == left) {
       next++;
       offset = 0;
     }
