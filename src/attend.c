@@ -158,9 +158,10 @@ static void offset_rows(const void *const *rows, int64_t n, int64_t offset, cons
 }
 
 /* The memory of keys [first, first + n) for the item's KV heads, as ranges
- * in address order, K then V of each block: one range for all heads when
- * the keys fill their block (the heads of a block are adjacent), one per
- * head otherwise. Dense rows hold all heads of a key side by side. */
+ * in key order, K then V of each block (or run of blocks adjacent in
+ * memory): one range for all heads when the keys fill their block (the
+ * heads of a block are adjacent), one per head otherwise. Dense rows hold
+ * all heads of a key side by side. */
 static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, int64_t first,
                           int64_t n, const char **start, size_t *bytes) {
   const pa_kv_source *kv = &c->kv;
@@ -184,6 +185,17 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
     for (int64_t h = 0; h < (whole ? 1 : heads); h++) {
       int64_t from = at + h * kv->head_bytes + offset * kv->token_bytes;
       size_t length = (size_t)(whole ? heads * kv->head_bytes : run * kv->token_bytes);
+      if (count >= 2 && start[count - 2] + bytes[count - 2] == kv->key + from &&
+          start[count - 1] + bytes[count - 1] == kv->value + from) {
+        /* Blocks adjacent in memory extend the last pair of ranges (8x4096
+         * decode with 1-token blocks in allocation order, 6 alternating
+         * runs: 72.9 -> 76.1% of the read bandwidth with 1 thread, 82.4 ->
+         * 89.0% with 2; the same blocks shuffled 54.5 -> 52.4%, unexplained,
+         * as they rarely merge). */
+        bytes[count - 2] += length;
+        bytes[count - 1] += length;
+        continue;
+      }
       start[count] = kv->key + from;
       bytes[count++] = length;
       start[count] = kv->value + from;
