@@ -43,8 +43,9 @@ static inline void pa_prefetch_step(pa_prefetch *p, size_t done) {
    * run of lines, with no per-line bookkeeping (bf16 loop with cached
    * targets 12.7 -> 11.1 ns per key and KV head; 16x4096 decode, 1 thread,
    * 10 alternating runs: bf16 75.6 -> 76.7%, f16 70.1 -> 73.1%, FP8 57.6 ->
-   * 60.7%; 8x4096 with 64-token blocks +2, head size 64 +3, but 1-token
-   * blocks 74 -> 70% and head size 256 77 -> 74%). */
+   * 60.7%; 8x4096 with 64-token blocks +2, head size 64 +3, but head size
+   * 256 77 -> 74%, and 1-token blocks 74 -> 70% until adjacent blocks' ranges
+   * were merged, see tile_ranges). */
   size_t next = p->next, offset = p->offset, issued = p->issued;
   while (issued < target && next < p->count) {
     const char *line = p->start[next] + offset;
