@@ -270,9 +270,9 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
       size_t count = t->n - j < 8 ? t->n - j : 8;
       __m256 weight = pa256_exp2(_mm256_sub_ps(pa256_load_f32(row + j, count), shift));
       pa256_store_f32(row + j, weight, count);
-      if (count < 8) /* the padding lanes hold 2^(0 - shift), not part of the sum */
-        weight = _mm256_and_ps(weight, _mm256_castsi256_ps(pa256_tail_mask(count)));
-      vsum = _mm256_add_ps(vsum, weight);
+      /* A tail's padding lanes hold 2^(0 - shift), not part of the sum. */
+      vsum =
+          _mm256_add_ps(vsum, _mm256_and_ps(weight, _mm256_castsi256_ps(pa256_tail_mask(count))));
     }
     t->row_sum[i] += reduce_add(vsum);
   }

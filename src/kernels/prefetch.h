@@ -54,7 +54,7 @@ static inline void pa_prefetch_step(pa_prefetch *p, size_t done) {
     for (size_t i = 0; i < run; i++) __builtin_prefetch(line + i * PA_CACHE_LINE, 0, 3);
     issued += run;
     offset += run * PA_CACHE_LINE;
-    if (run == left) {
+    if (offset >= p->bytes[next]) {
       next++;
       offset = 0;
     }
