@@ -42,14 +42,14 @@ def main():
         sys.exit(__doc__)
     rounds, filters = int(sys.argv[1]), sys.argv[2].split(",")
     binaries, threads = sys.argv[3:5], sys.argv[5] if len(sys.argv) == 6 else "1"
-    results = {b: {} for b in binaries}
+    results = [{}, {}]  # by position: the same binary may be given twice
     for i in range(rounds):
-        for binary in binaries if i % 2 == 0 else binaries[::-1]:
-            for row, pct in run_rows(binary, filters, threads).items():
-                results[binary].setdefault(row, []).append(pct)
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            for row, pct in run_rows(binaries[side], filters, threads).items():
+                results[side].setdefault(row, []).append(pct)
     print(f"{rounds} rounds, {threads} thread(s); % of roofline, mean +- standard error")
-    for row in results[binaries[0]]:
-        (a, sa), (b, sb) = mean_se(results[binaries[0]][row]), mean_se(results[binaries[1]][row])
+    for row in results[0]:
+        (a, sa), (b, sb) = mean_se(results[0][row]), mean_se(results[1][row])
         print(f"{row:30s} A {a:6.2f} +-{sa:4.2f}   B {b:6.2f} +-{sb:4.2f}   B-A {b - a:+6.2f}")
 
 
