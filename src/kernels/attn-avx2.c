@@ -62,19 +62,10 @@ PA_INLINE void qk_rows(const int rows, pa256_loader load, size_t elem, size_t n,
 PA_INLINE void qk(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, const float *q,
                   size_t ldq, const void *const *k_rows, float *s, size_t lds,
                   pa_prefetch *prefetch) {
-  size_t i = 0;
-  for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m, n);
-    qk_rows(4, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
-  for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m, n);
-    qk_rows(2, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
-  for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m, n);
-    qk_rows(1, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
+#define QK_GROUP(rows, i) \
+  qk_rows(rows, load, elem, n, d, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
+#undef QK_GROUP
 }
 
 /* O[0..rows)[c0 .. c0 + 8 chunks) += P V when all those columns exist: no
@@ -150,25 +141,15 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, siz
 PA_INLINE void pv(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
                   size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                   pa_prefetch *prefetch) {
-  size_t i = 0;
-  for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m, n);
-    for (size_t c0 = 0; c0 < d; c0 += 16)
-      pv_block(4, 2, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               pa_rescale_from(rescale, i), c0 == 0 ? prefetch : NULL);
-  }
-  for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m, n);
-    for (size_t c0 = 0; c0 < d; c0 += 32)
-      pv_block(2, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               pa_rescale_from(rescale, i), c0 == 0 ? prefetch : NULL);
-  }
-  for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m, n);
-    for (size_t c0 = 0; c0 < d; c0 += 32)
-      pv_block(1, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               pa_rescale_from(rescale, i), c0 == 0 ? prefetch : NULL);
-  }
+/* 4 rows take blocks of 2 chunks (8 accumulators), 2 rows and 1 row 4. */
+#define PV_CHUNKS(rows) ((rows) == 4 ? 2 : 4)
+#define PV_GROUP(rows, i)                                                                      \
+  for (size_t c0 = 0; c0 < d; c0 += 8 * PV_CHUNKS(rows))                                       \
+  pv_block(rows, PV_CHUNKS(rows), load, elem, n, c0, d, p + (i)*ldp, ldp, v_rows, o + (i)*ldo, \
+           ldo, pa_rescale_from(rescale, i), c0 == 0 ? prefetch : NULL)
+  PA_ROW_GROUPS(prefetch, m, n, PV_GROUP);
+#undef PV_GROUP
+#undef PV_CHUNKS
 }
 
 #define PA_DEFINE_QK_PV(suffix, loader, elem)                                                    \

@@ -49,19 +49,10 @@ PA_INLINE void qk_rows(const int rows, pa512_loader load, size_t elem, size_t n,
 PA_INLINE void qk(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *q,
                   size_t ldq, const void *const *k_rows, float *s, size_t lds,
                   pa_prefetch *prefetch) {
-  size_t i = 0;
-  for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m, n);
-    qk_rows(4, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
-  for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m, n);
-    qk_rows(2, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
-  for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m, n);
-    qk_rows(1, load, elem, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
+#define QK_GROUP(rows, i) \
+  qk_rows(rows, load, elem, n, d, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
+#undef QK_GROUP
 }
 
 /* acc[r][c] += P[r][j] V[j][c] for keys [0, n), one prefetch step per 8

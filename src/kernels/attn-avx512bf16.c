@@ -62,19 +62,10 @@ PA_INLINE void qk(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
                   size_t d, const uint16_t *q, size_t ldq, const void *const *k_rows, float *s,
                   size_t lds, pa_prefetch *prefetch) {
   pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
-  size_t i = 0;
-  for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m, n);
-    qk_rows(4, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
-  for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m, n);
-    qk_rows(2, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
-  for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m, n);
-    qk_rows(1, load, elem, &tables, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
+#define QK_GROUP(rows, i) \
+  qk_rows(rows, load, elem, &tables, n, d, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
+#undef QK_GROUP
 }
 
 /* Where the 32 columns of a chunk sit in the (low, high) accumulators after

@@ -132,19 +132,10 @@ PA_INLINE void qk(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
                   size_t ldq, const void *const *k_rows, float *s, size_t lds,
                   pa_prefetch *prefetch) {
   pa_fp8_tables t = fp8_tables(bytes);
-  size_t i = 0;
-  for (; i + 4 <= m; i += 4) {
-    pa_prefetch_span(prefetch, i, 4, m, n);
-    qk_rows(4, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
-  for (; i + 2 <= m; i += 2) {
-    pa_prefetch_span(prefetch, i, 2, m, n);
-    qk_rows(2, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
-  for (; i < m; i++) {
-    pa_prefetch_span(prefetch, i, 1, m, n);
-    qk_rows(1, &t, n, d, q + i * ldq, ldq, k_rows, s + i * lds, lds, prefetch);
-  }
+#define QK_GROUP(rows, i) \
+  qk_rows(rows, &t, n, d, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
+#undef QK_GROUP
 }
 
 /* Swaps 128-bit blocks (i, j) with (j, i) across four vectors: natural O

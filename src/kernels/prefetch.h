@@ -23,6 +23,27 @@ static inline void pa_prefetch_span(pa_prefetch *p, size_t first, size_t width, 
   p->span_rate = steps ? (((uint64_t)(p->span_end - begin) << 32) + steps - 1) / steps : 0;
 }
 
+/* Rows [0, m) in groups of 4, then 2, then 1 (the row counts of the
+ * kernels' register blocks), each group's loop of `steps` steps taking its
+ * rows' share of the prefetch budget. GROUP(rows, i) is a function-like
+ * macro of the kernel file that runs the group of `rows` rows from row i. */
+#define PA_ROW_GROUPS(prefetch, m, steps, GROUP)        \
+  do {                                                  \
+    size_t pa_row_ = 0;                                 \
+    for (; pa_row_ + 4 <= (m); pa_row_ += 4) {          \
+      pa_prefetch_span(prefetch, pa_row_, 4, m, steps); \
+      GROUP(4, pa_row_);                                \
+    }                                                   \
+    for (; pa_row_ + 2 <= (m); pa_row_ += 2) {          \
+      pa_prefetch_span(prefetch, pa_row_, 2, m, steps); \
+      GROUP(2, pa_row_);                                \
+    }                                                   \
+    for (; pa_row_ < (m); pa_row_++) {                  \
+      pa_prefetch_span(prefetch, pa_row_, 1, m, steps); \
+      GROUP(1, pa_row_);                                \
+    }                                                   \
+  } while (0)
+
 /* A kernel call starts with all of its budget ahead, as one loop of one step. */
 static inline void pa_prefetch_begin(pa_prefetch *p, size_t budget) {
   p->budget = budget;
