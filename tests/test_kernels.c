@@ -450,12 +450,128 @@ static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dty
   }
 }
 
+/* ------------------------------------------------------------------------ */
+
+/* FP8 rows that cycle through every finite code (subnormals, both zeros,
+ * the largest magnitudes) from a random start; with `poison`, one element
+ * of one row becomes a NaN (and, for E5M2, another an infinity). */
+static void fill_fp8_codes(tu_rng *rng, pa_dtype cache, const rows *r, size_t n, size_t d,
+                           int poison) {
+  unsigned code = (unsigned)tu_int(rng, 0, 255);
+  for (size_t j = 0; j < n; j++) {
+    uint8_t *row = (uint8_t *)r->block + ((const char *)r->ptr[j] - (const char *)r->block);
+    for (size_t e = 0; e < d; e++) {
+      do code = (code + 1) & 0xff;
+      while (!isfinite(pa_decode_element(cache, &(uint8_t){(uint8_t)code}, 0)));
+      row[e] = (uint8_t)code;
+    }
+  }
+  if (!poison) return;
+  uint8_t *nan_row = (uint8_t *)r->block +
+                     ((const char *)r->ptr[tu_int(rng, 0, (int)n - 1)] - (const char *)r->block);
+  nan_row[tu_int(rng, 0, (int)d - 1)] = cache == PA_FP8_E4M3 ? 0xff : 0x7e;
+  if (cache == PA_FP8_E5M2) {
+    uint8_t *inf_row = (uint8_t *)r->block +
+                       ((const char *)r->ptr[tu_int(rng, 0, (int)n - 1)] - (const char *)r->block);
+    inf_row[tu_int(rng, 0, (int)d - 1)] = tu_int(rng, 0, 1) ? 0x7c : 0xfc;
+  }
+}
+
+/* got matches want: the same NaN-ness, the same infinity, or within tol of
+ * scale (NaN or infinite only where want is). */
+static int fp8_close(float got, float want, double scale) {
+  if (isnan(want) || isnan(got)) return isnan(want) && isnan(got);
+  if (isinf(want) || isinf(got)) return got == want;
+  return rel_close(got, want, scale, 1e-5);
+}
+
+/* The direct FP8 kernels (f32 Q, and bf16 Q where the family has it) over
+ * every code and over NaN and infinite values, against the scalar kernels:
+ * a vector kernel may decode codes with shortcuts that are exact only for
+ * finite values, and must then notice the others. */
+static void test_fp8_codes(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
+  static const size_t heads[] = {1, 7, 8, 31, 32, 33, 64, 100, 128, 130};
+  for (int c = 0; c < 2; c++) {
+    pa_dtype cache = c ? PA_FP8_E5M2 : PA_FP8_E4M3;
+    const pa_attn_ops *narrow = &k->attn[PA_BF16][cache];
+    for (size_t di = 0; di < COUNT(heads); di++) {
+      for (int poison = 0; poison < 2; poison++) {
+        size_t d = heads[di],
+               n = g_direct_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_direct_keys) - 1))],
+               m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))];
+        size_t ldq = (d + 63) / 64 * 64 + 4, lds = 72, ldo = d + 3;
+        rows kr, vr;
+        make_rows(rng, &kr, cache, n, d);
+        make_rows(rng, &vr, cache, n, d);
+        fill_fp8_codes(rng, cache, &kr, n, d, poison);
+        fill_fp8_codes(rng, cache, &vr, n, d, poison);
+        uint16_t *q_bf16 = malloc(m * ldq * 2), *q_narrow = malloc(m * ldq * 2);
+        float *q = malloc(m * ldq * 4), *got = malloc(m * lds * 4), *want = malloc(m * lds * 4);
+        float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4);
+        for (size_t i = 0; i < m * ldq; i++) {
+          q_bf16[i] = pa_f32_to_bf16((float)tu_range(rng, -1, 1));
+          q[i] = pa_bf16_to_f32(q_bf16[i]);
+        }
+        /* Narrow Q where the family has a narrow kernel pair, else f32 Q. */
+        int use_narrow = narrow->q_size != sizeof(float) && tu_int(rng, 0, 1);
+        if (use_narrow) {
+          for (size_t i = 0; i < m; i++)
+            narrow->load_q(q_narrow + i * ldq, q_bf16 + i * ldq, d, 1.0f);
+          narrow->qk(m, n, d, q_narrow, ldq, kr.ptr, got, lds, NULL);
+        } else {
+          k->qk[cache](m, n, d, q, ldq, kr.ptr, got, lds, NULL);
+        }
+        s->qk[cache](m, n, d, q, ldq, kr.ptr, want, lds, NULL);
+        for (size_t i = 0; i < m; i++) {
+          for (size_t j = 0; j < n; j++) {
+            double scale = 0;
+            for (size_t e = 0; e < d; e++)
+              scale += fabs(q[i * ldq + e] * element(cache, kr.ptr[j], e));
+            CHECK(fp8_close(got[i * lds + j], want[i * lds + j], scale),
+                  "qk[%s%s] poison=%d m=%zu n=%zu d=%zu S[%zu][%zu] %g vs %g", pa_dtype_name(cache),
+                  use_narrow ? ",bf16 Q" : "", poison, m, n, d, i, j, got[i * lds + j],
+                  want[i * lds + j]);
+          }
+        }
+        /* P rounded to bf16 (as the narrow P V takes it), some zeros. */
+        for (size_t i = 0; i < m; i++) {
+          for (size_t j = 0; j < n; j++)
+            got[i * lds + j] = tu_int(rng, 0, 3)
+                                   ? pa_bf16_to_f32(pa_f32_to_bf16((float)tu_range(rng, 0, 1)))
+                                   : 0.0f;
+          for (size_t e = 0; e < ldo; e++)
+            o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
+        }
+        if (use_narrow)
+          narrow->pv(m, n, d, got, lds, vr.ptr, o_got, ldo, NULL, NULL);
+        else
+          k->pv[cache](m, n, d, got, lds, vr.ptr, o_got, ldo, NULL, NULL);
+        s->pv[cache](m, n, d, got, lds, vr.ptr, o_want, ldo, NULL, NULL);
+        for (size_t i = 0; i < m; i++) {
+          for (size_t e = 0; e < d; e++) {
+            double scale = fabs(o_want[i * ldo + e]) + 1;
+            for (size_t j = 0; j < n; j++)
+              scale += fabs(got[i * lds + j] * element(cache, vr.ptr[j], e));
+            CHECK(fp8_close(o_got[i * ldo + e], o_want[i * ldo + e], scale),
+                  "pv[%s%s] poison=%d m=%zu n=%zu d=%zu O[%zu][%zu] %g vs %g", pa_dtype_name(cache),
+                  use_narrow ? ",bf16 P" : "", poison, m, n, d, i, e, o_got[i * ldo + e],
+                  o_want[i * ldo + e]);
+          }
+        }
+        free(kr.block), free(vr.block), free(q_bf16), free(q_narrow), free(q), free(got);
+        free(want), free(o_got), free(o_want);
+      }
+    }
+  }
+}
+
 static void test_family(pa_isa isa, const pa_kernels *scalar, tu_rng *rng) {
   pa_kernels k;
   pa_kernels_build(isa, &k);
   g_family = pa_isa_name(isa);
   test_conversions(&k, scalar, rng);
   test_qk_pv(&k, scalar, rng);
+  test_fp8_codes(&k, scalar, rng);
   test_softmax(&k, scalar, rng);
   for (int a = 0; a < PA_NUM_ACT_DTYPES; a++) {
     for (int c = 0; c < PA_NUM_DTYPES; c++) {

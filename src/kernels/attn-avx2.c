@@ -24,9 +24,9 @@ PA_INLINE __m256 reduce8(const __m256 *v) {
                        _mm256_permute2f128_ps(quad[0], quad[1], 0x31));
 }
 
-PA_INLINE void qk_block(const int rows, const int keys, pa256_loader load, size_t elem, size_t d,
-                        const float *q, size_t ldq, const void *const *k, float *s, size_t lds,
-                        size_t keys_valid) {
+PA_INLINE void qk_block(const int rows, const int keys, pa256_loader load, size_t elem, float unit,
+                        size_t d, const float *q, size_t ldq, const void *const *k, float *s,
+                        size_t lds, size_t keys_valid) {
   __m256 acc[8];
   for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
   for (size_t c = 0; c < d; c += 8) {
@@ -40,30 +40,34 @@ PA_INLINE void qk_block(const int rows, const int keys, pa256_loader load, size_
     }
   }
   float sums[8];
-  _mm256_storeu_ps(sums, reduce8(acc));
+  _mm256_storeu_ps(sums, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(unit)));
   for (int r = 0; r < rows; r++) {
     for (size_t j = 0; j < keys_valid; j++) s[r * lds + j] = sums[r * keys + (int)j];
   }
 }
 
-PA_INLINE void qk_rows(const int rows, pa256_loader load, size_t elem, size_t n, size_t d,
-                       const float *q, size_t ldq, const void *const *k_rows, float *s, size_t lds,
-                       pa_prefetch *prefetch) {
+PA_INLINE void qk_rows(const int rows, pa256_loader load, size_t elem, float unit, size_t n,
+                       size_t d, const float *q, size_t ldq, const void *const *k_rows, float *s,
+                       size_t lds, pa_prefetch *prefetch) {
   const int keys = 8 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
     size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
     pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[8];
     for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
-    qk_block(rows, keys, load, elem, d, q, ldq, k, s + j, lds, valid);
+    qk_block(rows, keys, load, elem, unit, d, q, ldq, k, s + j, lds, valid);
   }
 }
 
-PA_INLINE void qk(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, const float *q,
-                  size_t ldq, const void *const *k_rows, float *s, size_t lds,
+/* `unit` is what the loader's values must be multiplied by to be the
+ * cache's (1 but for E4M3's pa256_load_e4m3_scaled): applied to each sum
+ * here, to each weight in P V, where it costs one multiply per 8 keys or
+ * per key instead of one per 8 values. Powers of two, so exact. */
+PA_INLINE void qk(pa256_loader load, size_t elem, float unit, size_t m, size_t n, size_t d,
+                  const float *q, size_t ldq, const void *const *k_rows, float *s, size_t lds,
                   pa_prefetch *prefetch) {
 #define QK_GROUP(rows, i) \
-  qk_rows(rows, load, elem, n, d, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  qk_rows(rows, load, elem, unit, n, d, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
   PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
 #undef QK_GROUP
 }
@@ -71,7 +75,7 @@ PA_INLINE void qk(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, 
 /* O[0..rows)[c0 .. c0 + 8 chunks) += P V when all those columns exist: no
  * partial chunk, so the accumulators stay in registers. */
 PA_INLINE void pv_block_full(const int rows, const int chunks, pa256_loader load, size_t elem,
-                             size_t n, size_t c0, const float *p, size_t ldp,
+                             float unit, size_t n, size_t c0, const float *p, size_t ldp,
                              const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                              pa_prefetch *prefetch) {
   __m256 acc[8];
@@ -86,7 +90,7 @@ PA_INLINE void pv_block_full(const int rows, const int chunks, pa256_loader load
     __m256 vv[4];
     for (int c = 0; c < chunks; c++) vv[c] = load(v + 8 * (size_t)c * elem, 8);
     for (int r = 0; r < rows; r++) {
-      __m256 weight = _mm256_set1_ps(p[r * ldp + j]);
+      __m256 weight = _mm256_set1_ps(p[r * ldp + j] * unit);
       for (int c = 0; c < chunks; c++)
         acc[r * chunks + c] = _mm256_fmadd_ps(weight, vv[c], acc[r * chunks + c]);
     }
@@ -97,11 +101,12 @@ PA_INLINE void pv_block_full(const int rows, const int chunks, pa256_loader load
 }
 
 /* O[0..rows)[c0 .. c0 + 8 chunks) += P V; partial chunks go through a copy. */
-PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, size_t elem, size_t n,
-                        size_t c0, size_t d, const float *p, size_t ldp, const void *const *v_rows,
-                        float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
+PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, size_t elem,
+                        float unit, size_t n, size_t c0, size_t d, const float *p, size_t ldp,
+                        const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                        pa_prefetch *prefetch) {
   if (c0 + 8 * (size_t)chunks <= d) {
-    pv_block_full(rows, chunks, load, elem, n, c0, p, ldp, v_rows, o, ldo, rescale, prefetch);
+    pv_block_full(rows, chunks, load, elem, unit, n, c0, p, ldp, v_rows, o, ldo, rescale, prefetch);
     return;
   }
   size_t count[4];
@@ -123,7 +128,7 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, siz
       vv[c] = count[c] ? load(v + 8 * (size_t)c * elem, count[c]) : _mm256_setzero_ps();
     }
     for (int r = 0; r < rows; r++) {
-      __m256 weight = _mm256_set1_ps(p[r * ldp + j]);
+      __m256 weight = _mm256_set1_ps(p[r * ldp + j] * unit);
       for (int c = 0; c < chunks; c++)
         acc[r * chunks + c] = _mm256_fmadd_ps(weight, vv[c], acc[r * chunks + c]);
     }
@@ -138,15 +143,15 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, siz
 /* The prefetch budget is spread over the row groups but issued in the
  * first column block of each: these kernels are compute-bound here, and
  * a step per column block of 16 cost 4% (16x4096 decode, --isa avx2). */
-PA_INLINE void pv(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
-                  size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
-                  pa_prefetch *prefetch) {
+PA_INLINE void pv(pa256_loader load, size_t elem, float unit, size_t m, size_t n, size_t d,
+                  const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                  const float *rescale, pa_prefetch *prefetch) {
 /* 4 rows take blocks of 2 chunks (8 accumulators), 2 rows and 1 row 4. */
 #define PV_CHUNKS(rows) ((rows) == 4 ? 2 : 4)
-#define PV_GROUP(rows, i)                                                                      \
-  for (size_t c0 = 0; c0 < d; c0 += 8 * PV_CHUNKS(rows))                                       \
-  pv_block(rows, PV_CHUNKS(rows), load, elem, n, c0, d, p + (i)*ldp, ldp, v_rows, o + (i)*ldo, \
-           ldo, pa_rescale_from(rescale, i), c0 == 0 ? prefetch : NULL)
+#define PV_GROUP(rows, i)                                                               \
+  for (size_t c0 = 0; c0 < d; c0 += 8 * PV_CHUNKS(rows))                                \
+  pv_block(rows, PV_CHUNKS(rows), load, elem, unit, n, c0, d, p + (i)*ldp, ldp, v_rows, \
+           o + (i)*ldo, ldo, pa_rescale_from(rescale, i), c0 == 0 ? prefetch : NULL)
   PA_ROW_GROUPS(prefetch, m, n, PV_GROUP);
 #undef PV_GROUP
 #undef PV_CHUNKS
@@ -156,19 +161,37 @@ PA_INLINE void pv(pa256_loader load, size_t elem, size_t m, size_t n, size_t d, 
   static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
                           const void *const *k_rows, float *s, size_t lds,                       \
                           pa_prefetch *prefetch) {                                               \
-    qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                 \
+    qk(loader, elem, 1.0f, m, n, d, q, ldq, k_rows, s, lds, prefetch);                           \
   }                                                                                              \
   static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
                           const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
                           pa_prefetch *prefetch) {                                               \
-    pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                        \
+    pv(loader, elem, 1.0f, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                  \
   }
 
 PA_DEFINE_QK_PV(f32, pa256_load_f32, 4)
 PA_DEFINE_QK_PV(f16, pa256_load_f16, 2)
 PA_DEFINE_QK_PV(bf16, pa256_load_bf16, 2)
-PA_DEFINE_QK_PV(e4m3, pa256_load_e4m3, 1)
 PA_DEFINE_QK_PV(e5m2, pa256_load_e5m2, 1)
+
+/* E4M3 decodes two instructions cheaper when no value is a NaN, and a scan
+ * of the tile's bytes for one costs far less than those two. */
+static void qk_e4m3(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                    const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
+  if (pa256_e4m3_has_nan(k_rows, n, d))
+    qk(pa256_load_e4m3, 1, 1.0f, m, n, d, q, ldq, k_rows, s, lds, prefetch);
+  else
+    qk(pa256_load_e4m3_scaled, 1, 256.0f, m, n, d, q, ldq, k_rows, s, lds, prefetch);
+}
+
+static void pv_e4m3(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                    const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                    pa_prefetch *prefetch) {
+  if (pa256_e4m3_has_nan(v_rows, n, d))
+    pv(pa256_load_e4m3, 1, 1.0f, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
+  else
+    pv(pa256_load_e4m3_scaled, 1, 256.0f, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
+}
 
 PA_INLINE float reduce_add(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -32,7 +32,6 @@ static void pv(pa_dtype dtype, size_t m, size_t n, size_t d, const float *p, siz
     decode_row(dtype, v_rows[j], d, v);
     for (size_t i = 0; i < m; i++) {
       float weight = p[i * ldp + j];
-      if (weight == 0.0f) continue; /* masked keys */
       float *oi = o + i * ldo;
       for (size_t e = 0; e < d; e++) oi[e] += weight * v[e];
     }

@@ -54,7 +54,9 @@ typedef void (*pa_qk_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq
  * j < n over d columns (rescale NULL: 1). Rescaling here, where O is loaded
  * anyway, makes the online softmax's correction free. A zero rescale[i]
  * discards O's row, so O needs no initialisation before a row's first keys
- * (the softmax's correction is 0 then). */
+ * (the softmax's correction is 0 then). Every key is multiplied in, a zero
+ * weight too (IEEE arithmetic, as the vector kernels do it: a NaN in V
+ * reaches O even where its key was masked). */
 typedef void (*pa_pv_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                          const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                          pa_prefetch *prefetch);

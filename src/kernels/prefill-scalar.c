@@ -58,7 +58,6 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
   for (size_t i = 0; i < m; i++) {
     for (size_t j = 0; j < n; j++) {
       float weight = p[i * ldp + j];
-      if (weight == 0.0f) continue; /* masked keys */
       for (size_t e = 0; e < d; e++) o[i * ldo + e] += weight * v[j * ldv + e];
     }
   }
