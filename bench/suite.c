@@ -90,6 +90,15 @@ int pab_suite_default(int quick, pab_case ***out) {
     c->cache_dtype = cache_types[i];
     c->scalar = cache_types[i] == PA_BF16 || cache_types[i] == PA_FP8_E4M3;
   }
+  /* An f16 model over FP8 caches (Q and P split in two bf16 parts; see
+   * attn-fp8-avx512bf16.c): to compare with the f16 cache row above. */
+  for (int i = 0; i < 2; i++) {
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, "_f16act_%s", i ? "e5m2" : "e4m3");
+    c = push(&l, decode_case(suffix, quick ? 4 : 16, 4096 / d));
+    c->dtype = PA_F16;
+    c->cache_dtype = cache_types[2 + i];
+  }
   c = push(&l, decode_case("_bf16_frag", quick ? 4 : 16, 4096 / d));
   c->fragmented = 1;
   /* Mid-size variants: 8x4096 keeps even head size 64 (64 MiB of K/V) beyond L3. */

@@ -67,20 +67,85 @@ static size_t group_position(size_t e) {
   return within < 8 ? lane * 8 + within : 32 + lane * 8 + (within - 8);
 }
 
-/* Q rows in the group order, zero-padded to a multiple of 64 (the score
- * factor goes to the softmax). */
+/* pa_group_source[p]: the value of a group that lands at position p. */
+static uint16_t pa_group_source[64];
+
+static void group_tables(void) {
+  for (size_t e = 0; e < 64; e++) pa_group_source[group_position(e)] = (uint16_t)e;
+}
+
+/* 64 words in their natural order stored in the group order. */
+PA_INLINE void store_grouped(uint16_t *out, __m512i natural0, __m512i natural1) {
+  const __m512i first = _mm512_loadu_si512(pa_group_source);
+  const __m512i second = _mm512_loadu_si512(pa_group_source + 32);
+  _mm512_storeu_si512(out, _mm512_permutex2var_epi16(natural0, first, natural1));
+  _mm512_storeu_si512(out + 32, _mm512_permutex2var_epi16(natural0, second, natural1));
+}
+
+PA_INLINE size_t q_padded(size_t n) { return (n + 63) / 64 * 64; }
+
+/* bf16 Q rows in the group order, zero-padded to a multiple of 64 (the
+ * score factor goes to the softmax). */
 static void load_q_grouped(void *dst, const void *src, size_t n, float factor) {
   (void)factor;
   uint16_t *out = dst;
   const uint16_t *in = src;
-  size_t padded = (n + 63) / 64 * 64;
-  memset(out, 0, padded * sizeof *out);
-  for (size_t e = 0; e < n; e++) out[e / 64 * 64 + group_position(e % 64)] = in[e];
+  for (size_t g = 0; g < n; g += 64) {
+    __m512i a = _mm512_maskz_loadu_epi16(tail_mask32(n - g), in + g);
+    __m512i b = _mm512_maskz_loadu_epi16(tail_mask32(n - g > 32 ? n - g - 32 : 0), in + g + 32);
+    store_grouped(out + g, a, b);
+  }
 }
 
-PA_INLINE void qk_block(const int rows, const int keys, const pa_fp8_tables *t, size_t d,
-                        const uint16_t *q, size_t ldq, const void *const *k, float *s, size_t lds,
-                        size_t keys_valid) {
+/* f16 Q for the bf16 dot products: each value split into a bf16 high part
+ * and the bf16 rest (q - high has at most 3 significant bits, so the two
+ * add up to q exactly), the high parts in [0, padded), the rests in
+ * [padded, 2 padded) of the row, both in the group order. Q K^T then takes
+ * two dot products per K vector instead of an f32 FMA per converted value.
+ * An infinite q keeps a zero rest (inf - inf would be NaN). */
+static void load_q_split(void *dst, const void *src, size_t n, float factor) {
+  (void)factor;
+  uint16_t *high_out = dst, *rest_out = (uint16_t *)dst + q_padded(n);
+  const uint16_t *in = src;
+  for (size_t g = 0; g < n; g += 64) {
+    __m512i high[2], rest[2];
+    for (int h = 0; h < 2; h++) {
+      __m256i high16[2], rest16[2];
+      for (int part = 0; part < 2; part++) {
+        size_t at = g + 32 * (size_t)h + 16 * (size_t)part, left = at < n ? n - at : 0;
+        __m512 q = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(pa512_tail_mask(left), in + at));
+        high16[part] = pa512_to_bf16(q);
+        __m512 high_f32 =
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(high16[part]), 16));
+        __mmask16 finite = ~_mm512_fpclass_ps_mask(high_f32, 0x18); /* not +-inf */
+        rest16[part] = pa512_to_bf16(_mm512_maskz_sub_ps(finite, q, high_f32));
+      }
+      high[h] = _mm512_inserti64x4(_mm512_castsi256_si512(high16[0]), high16[1], 1);
+      rest[h] = _mm512_inserti64x4(_mm512_castsi256_si512(rest16[0]), rest16[1], 1);
+    }
+    store_grouped(high_out + g, high[0], high[1]);
+    store_grouped(rest_out + g, rest[0], rest[1]);
+  }
+}
+
+/* f16 Q as f32 for the packed (prefill) kernels of the same pair, whose
+ * scores the softmax scales too. */
+static void load_q_f16(void *dst, const void *src, size_t n, float factor) {
+  (void)factor;
+  float *out = dst;
+  const uint16_t *in = src;
+  for (size_t e = 0; e < n; e += 16) {
+    __mmask16 m = pa512_tail_mask(n - e);
+    _mm512_mask_storeu_ps(out + e, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, in + e)));
+  }
+}
+
+/* With `split`, Q rows hold high parts then rests (load_q_split) and are
+ * 2 ldq words apart; every K vector meets both. */
+PA_INLINE void qk_block(const int rows, const int keys, const int split, const pa_fp8_tables *t,
+                        size_t d, const uint16_t *q, size_t ldq, const void *const *k, float *s,
+                        size_t lds, size_t keys_valid) {
+  const size_t row_stride = split ? 2 * ldq : ldq, rest = q_padded(d);
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
   for (size_t g = 0; g < d; g += 64) {
@@ -93,11 +158,13 @@ PA_INLINE void qk_block(const int rows, const int keys, const pa_fp8_tables *t, 
         to_bf16x64(load64((const uint8_t *)k[j] + g, m), t, &first[j], &second[j]);
       }
       for (int r = 0; r < rows; r++) {
-        const uint16_t *qr = q + r * ldq + g;
-        __m512i q0 = _mm512_loadu_si512(qr), q1 = _mm512_loadu_si512(qr + 32);
-        for (int j = 0; j < keys; j++) {
-          acc[r * keys + j] = dot(acc[r * keys + j], q0, first[j]);
-          acc[r * keys + j] = dot(acc[r * keys + j], q1, second[j]);
+        for (int part = 0; part <= split; part++) {
+          const uint16_t *qr = q + r * row_stride + (part ? rest : 0) + g;
+          __m512i q0 = _mm512_loadu_si512(qr), q1 = _mm512_loadu_si512(qr + 32);
+          for (int j = 0; j < keys; j++) {
+            acc[r * keys + j] = dot(acc[r * keys + j], q0, first[j]);
+            acc[r * keys + j] = dot(acc[r * keys + j], q1, second[j]);
+          }
         }
       }
     } else {
@@ -105,9 +172,11 @@ PA_INLINE void qk_block(const int rows, const int keys, const pa_fp8_tables *t, 
         __m512i first, second;
         to_bf16x64(load64((const uint8_t *)k[j] + g, m), t, &first, &second);
         for (int r = 0; r < rows; r++) {
-          const uint16_t *qr = q + r * ldq + g;
-          acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr), first);
-          acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr + 32), second);
+          for (int part = 0; part <= split; part++) {
+            const uint16_t *qr = q + r * row_stride + (part ? rest : 0) + g;
+            acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr), first);
+            acc[r * keys + j] = dot(acc[r * keys + j], _mm512_loadu_si512(qr + 32), second);
+          }
         }
       }
     }
@@ -115,7 +184,7 @@ PA_INLINE void qk_block(const int rows, const int keys, const pa_fp8_tables *t, 
   pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
 }
 
-PA_INLINE void qk_rows(const int rows, const pa_fp8_tables *t, size_t n, size_t d,
+PA_INLINE void qk_rows(const int rows, const int split, const pa_fp8_tables *t, size_t n, size_t d,
                        const uint16_t *q, size_t ldq, const void *const *k_rows, float *s,
                        size_t lds, pa_prefetch *prefetch) {
   const int keys = 16 / rows;
@@ -124,16 +193,17 @@ PA_INLINE void qk_rows(const int rows, const pa_fp8_tables *t, size_t n, size_t 
     pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     for (int i = 0; i < keys; i++) k[i] = k_rows[j + ((size_t)i < valid ? (size_t)i : valid - 1)];
-    qk_block(rows, keys, t, d, q, ldq, k, s + j, lds, valid);
+    qk_block(rows, keys, split, t, d, q, ldq, k, s + j, lds, valid);
   }
 }
 
-PA_INLINE void qk(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const uint16_t *q,
-                  size_t ldq, const void *const *k_rows, float *s, size_t lds,
+PA_INLINE void qk(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n, size_t d,
+                  const uint16_t *q, size_t ldq, const void *const *k_rows, float *s, size_t lds,
                   pa_prefetch *prefetch) {
   pa_fp8_tables t = fp8_tables(bytes);
+  const size_t row_stride = split ? 2 * ldq : ldq;
 #define QK_GROUP(rows, i) \
-  qk_rows(rows, &t, n, d, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  qk_rows(rows, split, &t, n, d, q + (i)*row_stride, ldq, k_rows, s + (i)*lds, lds, prefetch)
   PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
 #undef QK_GROUP
 }
@@ -149,10 +219,38 @@ PA_INLINE void transpose_blocks(__m512 v[4]) {
   v[3] = _mm512_shuffle_f32x4(t1, t3, 0xdd);
 }
 
-/* O[0..rows)[g .. g + 64) += P V over n <= 64 keys (P already bf16 pairs). */
-PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t g, size_t d,
-                        const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const void *const *v_rows,
-                        float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
+/* x rounded to bf16 as vcvtne2ps2bf16 rounds it, back in f32. */
+PA_INLINE __m512 bf16_rounded(__m512 x) {
+  __m512i words = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+}
+
+/* P rows [0, rows) as bf16 pairs of their high parts (rows 0..rows) and of
+ * the rests p - high (rows rows..2 rows): high + rest is p to 2^-17, where
+ * one bf16 is 2^-9 off (f16 activations want better than that). */
+PA_INLINE void pack_pairs_split(int rows, size_t n, const float *p, size_t ldp,
+                                uint32_t (*pairs)[PA_PAIR_KEYS / 2]) {
+  for (int r = 0; r < rows; r++) {
+    for (size_t j = 0; j < n; j += 32) {
+      size_t left = j < n ? n - j : 0;
+      __m512 a = _mm512_maskz_loadu_ps(pa512_tail_mask(left), p + r * ldp + j);
+      __m512 b =
+          _mm512_maskz_loadu_ps(pa512_tail_mask(left > 16 ? left - 16 : 0), p + r * ldp + j + 16);
+      __m512 high_a = bf16_rounded(a), high_b = bf16_rounded(b);
+      _mm512_storeu_si512(&pairs[r][j / 2], (__m512i)_mm512_cvtne2ps_pbh(b, a));
+      _mm512_storeu_si512(
+          &pairs[rows + r][j / 2],
+          (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, high_b), _mm512_sub_ps(a, high_a)));
+    }
+  }
+}
+
+/* O[0..rows)[g .. g + 64) += P V over n <= 64 keys (P already bf16 pairs;
+ * with `split`, the pairs of P's rests follow, see pack_pairs_split). */
+PA_INLINE void pv_group(const int rows, const int split, const pa_fp8_tables *t, size_t n, size_t g,
+                        size_t d, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
+                        const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                        pa_prefetch *prefetch) {
   __mmask16 mask[4];
   __m512 acc[4][4];
   for (int c = 0; c < 4; c++) {
@@ -177,8 +275,10 @@ PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t
     to_bf16x64(_mm512_unpacklo_epi8(a, b), t, &pair[0], &pair[1]);
     to_bf16x64(_mm512_unpackhi_epi8(a, b), t, &pair[2], &pair[3]);
     for (int r = 0; r < rows; r++) {
-      __m512i weights = _mm512_set1_epi32((int)pairs[r][j / 2]);
-      for (int c = 0; c < 4; c++) acc[r][c] = dot(acc[r][c], weights, pair[c]);
+      for (int part = 0; part <= split; part++) {
+        __m512i weights = _mm512_set1_epi32((int)pairs[part * rows + r][j / 2]);
+        for (int c = 0; c < 4; c++) acc[r][c] = dot(acc[r][c], weights, pair[c]);
+      }
     }
   }
   for (int r = 0; r < rows; r++) {
@@ -192,22 +292,25 @@ PA_INLINE void pv_group(const int rows, const pa_fp8_tables *t, size_t n, size_t
  * alternating runs, % of the read bandwidth for e4m3 / e5m2: every 2 keys
  * 55.9 / 54.8, every 4 keys 56.6 / 57.1, every 8 keys 57.6 / 57.0, every 16
  * the same as 8). */
-PA_INLINE void pv_rows(const int rows, const pa_fp8_tables *t, size_t n, size_t d, const float *p,
-                       size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+PA_INLINE void pv_rows(const int rows, const int split, const pa_fp8_tables *t, size_t n, size_t d,
+                       const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
                        const float *rescale, pa_prefetch *prefetch, size_t work_done,
                        size_t work_total) {
-  uint32_t pairs[4][PA_PAIR_KEYS / 2];
-  pack_pairs(rows, n, p, ldp, pairs);
+  uint32_t pairs[8][PA_PAIR_KEYS / 2];
+  if (split)
+    pack_pairs_split(rows, n, p, ldp, pairs);
+  else
+    pack_pairs(rows, n, p, ldp, pairs);
   for (size_t g = 0; g < d; g += 64) {
     pa_prefetch_span(prefetch, work_done + n * (size_t)rows * g,
                      n * (size_t)rows * PA_MIN(d - g, 64), work_total, n);
-    pv_group(rows, t, n, g, d, pairs, v_rows, o, ldo, rescale, prefetch);
+    pv_group(rows, split, t, n, g, d, pairs, v_rows, o, ldo, rescale, prefetch);
   }
 }
 
-PA_INLINE void pv(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const float *p,
-                  size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
-                  pa_prefetch *prefetch) {
+PA_INLINE void pv(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n, size_t d,
+                  const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                  const float *rescale, pa_prefetch *prefetch) {
   pa_fp8_tables t = fp8_tables(bytes);
   /* The budget is spread over the key x row x column products. */
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
@@ -217,15 +320,15 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
     const float *scales = j0 == 0 ? rescale : NULL;
     size_t i = 0;
     for (; i + 4 <= m; i += 4) {
-      pv_rows(4, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
+      pv_rows(4, split, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
               pa_rescale_from(scales, i), prefetch, (j0 * m + count * i) * d, n * m * d);
     }
     for (; i + 2 <= m; i += 2) {
-      pv_rows(2, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
+      pv_rows(2, split, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
               pa_rescale_from(scales, i), prefetch, (j0 * m + count * i) * d, n * m * d);
     }
     for (; i < m; i++) {
-      pv_rows(1, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
+      pv_rows(1, split, &t, count, d, p + i * ldp + j0, ldp, v, o + i * ldo, ldo,
               pa_rescale_from(scales, i), prefetch, (j0 * m + count * i) * d, n * m * d);
     }
   }
@@ -235,23 +338,43 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
   static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
                           const void *const *k_rows, float *s, size_t lds,                       \
                           pa_prefetch *prefetch) {                                               \
-    qk(&(bytes), m, n, d, q, ldq, k_rows, s, lds, prefetch);                                     \
+    qk(&(bytes), 0, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                  \
+  }                                                                                              \
+  static void qk_split_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,         \
+                                const void *const *k_rows, float *s, size_t lds,                 \
+                                pa_prefetch *prefetch) {                                         \
+    qk(&(bytes), 1, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                  \
   }                                                                                              \
   static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
                           const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
                           pa_prefetch *prefetch) {                                               \
-    pv(&(bytes), m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                            \
+    pv(&(bytes), 0, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                         \
+  }                                                                                              \
+  static void pv_split_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,        \
+                                const void *const *v_rows, float *o, size_t ldo,                 \
+                                const float *rescale, pa_prefetch *prefetch) {                   \
+    pv(&(bytes), 1, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                         \
   }
 
 PA_DEFINE_QK_PV(e4m3, pa_e4m3_bytes)
 PA_DEFINE_QK_PV(e5m2, pa_e5m2_bytes)
 
+static void init_tables(void) {
+  split_tables();
+  group_tables();
+}
+
+/* bf16 activations use Q as it is and P rounded to bf16; f16 activations
+ * split both Q (exactly, see load_q_split) and P (to 2^-17, see
+ * pack_pairs_split) in two bf16 parts, which doubles the dot products but
+ * needs no f32 conversion of K and V. Their packed (prefill) kernels stay
+ * the f32 ones. */
 void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pa_bf16_tables_init();
-  pthread_once(&once, split_tables);
-  const pa_qk_fn qk_fns[2] = {qk_e4m3, qk_e5m2};
-  const pa_pv_fn pv_fns[2] = {pv_e4m3, pv_e5m2};
+  pthread_once(&once, init_tables);
+  const pa_qk_fn qk_fns[2] = {qk_e4m3, qk_e5m2}, qk_split_fns[2] = {qk_split_e4m3, qk_split_e5m2};
+  const pa_pv_fn pv_fns[2] = {pv_e4m3, pv_e5m2}, pv_split_fns[2] = {pv_split_e4m3, pv_split_e5m2};
   const pa_dtype caches[2] = {PA_FP8_E4M3, PA_FP8_E5M2};
   for (int i = 0; i < 2; i++) {
     pa_attn_ops *ops = &k->attn[PA_BF16][caches[i]];
@@ -259,5 +382,12 @@ void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
     ops->load_q = load_q_grouped;
     ops->qk = qk_fns[i];
     ops->pv = pv_fns[i];
+    ops = &k->attn[PA_F16][caches[i]];
+    ops->load_q = load_q_split;
+    ops->load_q_packed = load_q_f16;
+    ops->q_size = 4; /* two bf16 parts per value; f32 for the packed kernels */
+    ops->scale_scores = 1;
+    ops->qk = qk_split_fns[i];
+    ops->pv = pv_split_fns[i];
   }
 }
