@@ -20,6 +20,7 @@ PA_INLINE void qk_block(const int rows, const int keys, pa512_loader load, size_
                         size_t keys_valid) {
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+#pragma GCC unroll 16
   for (size_t c = 0; c < d; c += 16) {
     __mmask16 m = pa512_tail_mask(d - c);
     __m512 qv[4];
@@ -50,8 +51,8 @@ PA_INLINE void qk(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, 
                   size_t ldq, const void *const *k_rows, float *s, size_t lds,
                   pa_prefetch *prefetch) {
 #define QK_GROUP(rows, i) \
-  qk_rows(rows, load, elem, n, d, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
-  PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
+  qk_rows(rows, load, elem, n, width, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  PA_WITH_HEAD_SIZE(d, width, PA_ROW_GROUPS(prefetch, m, n, QK_GROUP));
 #undef QK_GROUP
 }
 

@@ -32,6 +32,7 @@ PA_INLINE void qk_block(const int rows, const int keys, pa_bf16_loader load, siz
                         const void *const *k, float *s, size_t lds, size_t keys_valid) {
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+#pragma GCC unroll 8
   for (size_t c = 0; c < d; c += 32) {
     __mmask32 m = tail_mask32(d - c);
     __m512i qv[4];
@@ -63,8 +64,8 @@ PA_INLINE void qk(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
                   size_t lds, pa_prefetch *prefetch) {
   pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
 #define QK_GROUP(rows, i) \
-  qk_rows(rows, load, elem, &tables, n, d, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
-  PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
+  qk_rows(rows, load, elem, &tables, n, width, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  PA_WITH_HEAD_SIZE(d, width, PA_ROW_GROUPS(prefetch, m, n, QK_GROUP));
 #undef QK_GROUP
 }
 

@@ -148,6 +148,7 @@ PA_INLINE void qk_block(const int rows, const int keys, const int split, const p
   const size_t row_stride = split ? 2 * ldq : ldq, rest = q_padded(d);
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+#pragma GCC unroll 4
   for (size_t g = 0; g < d; g += 64) {
     __mmask64 m = tail_mask64(d - g);
     if (keys <= 4) {
@@ -203,8 +204,8 @@ PA_INLINE void qk(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n
   pa_fp8_tables t = fp8_tables(bytes);
   const size_t row_stride = split ? 2 * ldq : ldq;
 #define QK_GROUP(rows, i) \
-  qk_rows(rows, split, &t, n, d, q + (i)*row_stride, ldq, k_rows, s + (i)*lds, lds, prefetch)
-  PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
+  qk_rows(rows, split, &t, n, width, q + (i)*row_stride, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  PA_WITH_HEAD_SIZE(d, width, PA_ROW_GROUPS(prefetch, m, n, QK_GROUP));
 #undef QK_GROUP
 }
 

@@ -179,6 +179,31 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
     (table)[PA_FP8_E5M2] = prefix##_e5m2; \
   } while (0)
 
+/* Runs `body` with `width` (a size_t) equal to the head size d, as a
+ * compile-time constant for the common head sizes: an inlined kernel's loop
+ * over a row then has a constant trip count and no tail, and unrolls. (The
+ * bf16 Q K^T in L1 went 2.9 -> 2.5 ns per key and KV head at head size 128;
+ * 16x4096 bf16 decode +2.2 points, 6 alternating runs.) */
+#define PA_WITH_HEAD_SIZE(d, width, body) \
+  do {                                    \
+    if ((d) == 128) {                     \
+      const size_t width = 128;           \
+      body;                               \
+    } else if ((d) == 64) {               \
+      const size_t width = 64;            \
+      body;                               \
+    } else if ((d) == 96) {               \
+      const size_t width = 96;            \
+      body;                               \
+    } else if ((d) == 256) {              \
+      const size_t width = 256;           \
+      body;                               \
+    } else {                              \
+      const size_t width = (d);           \
+      body;                               \
+    }                                     \
+  } while (0)
+
 /* Registration: each fills the entries of one operation file. */
 void pa_convert_kernels_scalar(pa_kernels *k);
 void pa_attn_kernels_scalar(pa_kernels *k);
