@@ -309,9 +309,9 @@ PA_INLINE void pv_rows(const int rows, const int split, const pa_fp8_tables *t, 
   }
 }
 
-PA_INLINE void pv(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n, size_t d,
-                  const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
-                  const float *rescale, pa_prefetch *prefetch) {
+PA_INLINE void pv_sized(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n, size_t d,
+                        const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                        const float *rescale, pa_prefetch *prefetch) {
   pa_fp8_tables t = fp8_tables(bytes);
   /* The budget is spread over the key x row x column products. */
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
@@ -333,6 +333,13 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n
               pa_rescale_from(scales, i), prefetch, (j0 * m + count * i) * d, n * m * d);
     }
   }
+}
+
+PA_INLINE void pv(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n, size_t d,
+                  const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                  const float *rescale, pa_prefetch *prefetch) {
+  PA_WITH_HEAD_SIZE(d, width,
+                    pv_sized(bytes, split, m, n, width, p, ldp, v_rows, o, ldo, rescale, prefetch));
 }
 
 #define PA_DEFINE_QK_PV(suffix, bytes)                                                           \
