@@ -220,34 +220,8 @@ PA_INLINE void transpose_blocks(__m512 v[4]) {
   v[3] = _mm512_shuffle_f32x4(t1, t3, 0xdd);
 }
 
-/* x rounded to bf16 as vcvtne2ps2bf16 rounds it, back in f32. */
-PA_INLINE __m512 bf16_rounded(__m512 x) {
-  __m512i words = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
-}
-
-/* P rows [0, rows) as bf16 pairs of their high parts (rows 0..rows) and of
- * the rests p - high (rows rows..2 rows): high + rest is p to 2^-17, where
- * one bf16 is 2^-9 off (f16 activations want better than that). */
-PA_INLINE void pack_pairs_split(int rows, size_t n, const float *p, size_t ldp,
-                                uint32_t (*pairs)[PA_PAIR_KEYS / 2]) {
-  for (int r = 0; r < rows; r++) {
-    for (size_t j = 0; j < n; j += 32) {
-      size_t left = j < n ? n - j : 0;
-      __m512 a = _mm512_maskz_loadu_ps(pa512_tail_mask(left), p + r * ldp + j);
-      __m512 b =
-          _mm512_maskz_loadu_ps(pa512_tail_mask(left > 16 ? left - 16 : 0), p + r * ldp + j + 16);
-      __m512 high_a = bf16_rounded(a), high_b = bf16_rounded(b);
-      _mm512_storeu_si512(&pairs[r][j / 2], (__m512i)_mm512_cvtne2ps_pbh(b, a));
-      _mm512_storeu_si512(
-          &pairs[rows + r][j / 2],
-          (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, high_b), _mm512_sub_ps(a, high_a)));
-    }
-  }
-}
-
 /* O[0..rows)[g .. g + 64) += P V over n <= 64 keys (P already bf16 pairs;
- * with `split`, the pairs of P's rests follow, see pack_pairs_split). */
+ * with `split`, the pairs of P's rests follow, see pack_pairs_parts). */
 PA_INLINE void pv_group(const int rows, const int split, const pa_fp8_tables *t, size_t n, size_t g,
                         size_t d, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
                         const void *const *v_rows, float *o, size_t ldo, const float *rescale,
@@ -298,10 +272,7 @@ PA_INLINE void pv_rows(const int rows, const int split, const pa_fp8_tables *t, 
                        const float *rescale, pa_prefetch *prefetch, size_t work_done,
                        size_t work_total) {
   uint32_t pairs[8][PA_PAIR_KEYS / 2];
-  if (split)
-    pack_pairs_split(rows, n, p, ldp, pairs);
-  else
-    pack_pairs(rows, n, p, ldp, pairs);
+  pack_pairs_parts(split, rows, n, p, ldp, pairs);
   for (size_t g = 0; g < d; g += 64) {
     pa_prefetch_span(prefetch, work_done + n * (size_t)rows * g,
                      n * (size_t)rows * PA_MIN(d - g, 64), work_total, n);
@@ -374,7 +345,7 @@ static void init_tables(void) {
 
 /* bf16 activations use Q as it is and P rounded to bf16; f16 activations
  * split both Q (exactly, see load_q_split) and P (to 2^-17, see
- * pack_pairs_split) in two bf16 parts, which doubles the dot products but
+ * pack_pairs_parts) in two bf16 parts, which doubles the dot products but
  * needs no f32 conversion of K and V. Their packed (prefill) kernels stay
  * the f32 ones. */
 void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {

@@ -51,10 +51,18 @@ PA_INLINE __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
+/* x rounded to bf16 as vcvtne2ps2bf16 rounds it, back in f32. */
+PA_INLINE __m512 bf16_rounded(__m512 x) {
+  __m512i words = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+}
+
 /* P rows [0, rows) for keys [0, n), n <= PA_PAIR_KEYS, as bf16 pairs (the
- * pair past an odd n gets a zero). */
-PA_INLINE void pack_pairs(int rows, size_t n, const float *p, size_t ldp,
-                          uint32_t (*pairs)[PA_PAIR_KEYS / 2]) {
+ * pair past an odd n gets a zero). With `split`, rows [rows, 2 rows) get
+ * the pairs of the rests p - bf16(p): the two parts add up to p to 2^-17,
+ * where one bf16 is 2^-9 off (f16 activations want better than that). */
+PA_INLINE void pack_pairs_parts(const int split, int rows, size_t n, const float *p, size_t ldp,
+                                uint32_t (*pairs)[PA_PAIR_KEYS / 2]) {
   for (int r = 0; r < rows; r++) {
     for (size_t j = 0; j < n; j += 32) {
       size_t left = j < n ? n - j : 0;
@@ -62,8 +70,18 @@ PA_INLINE void pack_pairs(int rows, size_t n, const float *p, size_t ldp,
       __m512 b =
           _mm512_maskz_loadu_ps(pa512_tail_mask(left > 16 ? left - 16 : 0), p + r * ldp + j + 16);
       _mm512_storeu_si512(&pairs[r][j / 2], (__m512i)_mm512_cvtne2ps_pbh(b, a));
+      if (split) {
+        __m512 rest_a = _mm512_sub_ps(a, bf16_rounded(a)),
+               rest_b = _mm512_sub_ps(b, bf16_rounded(b));
+        _mm512_storeu_si512(&pairs[rows + r][j / 2], (__m512i)_mm512_cvtne2ps_pbh(rest_b, rest_a));
+      }
     }
   }
+}
+
+PA_INLINE void pack_pairs(int rows, size_t n, const float *p, size_t ldp,
+                          uint32_t (*pairs)[PA_PAIR_KEYS / 2]) {
+  pack_pairs_parts(0, rows, n, p, ldp, pairs);
 }
 
 #endif
