@@ -20,8 +20,7 @@ PA_INLINE void qk_block(const int rows, const int keys, pa512_loader load, size_
                         size_t keys_valid) {
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-  for (size_t c = 0; c < d; c += 16) {
+  PA_FOR_CHUNKS(c, d, 16, "GCC unroll 16", {
     __mmask16 m = pa512_tail_mask(d - c);
     __m512 qv[4];
     for (int r = 0; r < rows; r++) qv[r] = _mm512_maskz_loadu_ps(m, q + r * ldq + c);
@@ -30,7 +29,7 @@ PA_INLINE void qk_block(const int rows, const int keys, pa512_loader load, size_
       for (int r = 0; r < rows; r++)
         acc[r * keys + j] = _mm512_fmadd_ps(qv[r], kv, acc[r * keys + j]);
     }
-  }
+  });
   pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
 }
 

@@ -32,8 +32,7 @@ PA_INLINE void qk_block(const int rows, const int keys, pa_bf16_loader load, siz
                         const void *const *k, float *s, size_t lds, size_t keys_valid) {
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-  for (size_t c = 0; c < d; c += 32) {
+  PA_FOR_CHUNKS(c, d, 32, "GCC unroll 8", {
     __mmask32 m = tail_mask32(d - c);
     __m512i qv[4];
     for (int r = 0; r < rows; r++) qv[r] = load_bf16x32(q + r * ldq + c, m, tables);
@@ -41,7 +40,7 @@ PA_INLINE void qk_block(const int rows, const int keys, pa_bf16_loader load, siz
       __m512i kv = load((const char *)k[j] + c * elem, m, tables);
       for (int r = 0; r < rows; r++) acc[r * keys + j] = dot(acc[r * keys + j], qv[r], kv);
     }
-  }
+  });
   pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
 }
 

@@ -148,8 +148,7 @@ PA_INLINE void qk_block(const int rows, const int keys, const int split, const p
   const size_t row_stride = split ? 2 * ldq : ldq, rest = q_padded(d);
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-  for (size_t g = 0; g < d; g += 64) {
+  PA_FOR_CHUNKS(g, d, 64, "GCC unroll 4", {
     __mmask64 m = tail_mask64(d - g);
     if (keys <= 4) {
       /* Few keys: convert them all first, then load each Q chunk once for
@@ -181,7 +180,7 @@ PA_INLINE void qk_block(const int rows, const int keys, const int split, const p
         }
       }
     }
-  }
+  });
   pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
 }
 
@@ -205,7 +204,15 @@ PA_INLINE void qk(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n
   const size_t row_stride = split ? 2 * ldq : ldq;
 #define QK_GROUP(rows, i) \
   qk_rows(rows, split, &t, n, width, q + (i)*row_stride, ldq, k_rows, s + (i)*lds, lds, prefetch)
-  PA_WITH_HEAD_SIZE(d, width, PA_ROW_GROUPS(prefetch, m, n, QK_GROUP));
+  /* Head size 128 compiled apart (see PA_WITH_HEAD_SIZE) for bf16 Q only:
+   * every copy of these kernels adds seconds to a sanitizer build. */
+  if (d == 128 && !split) {
+    const size_t width = 128;
+    PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
+  } else {
+    const size_t width = d;
+    PA_ROW_GROUPS(prefetch, m, n, QK_GROUP);
+  }
 #undef QK_GROUP
 }
 
@@ -309,8 +316,10 @@ PA_INLINE void pv_sized(const pa_fp8_bytes *bytes, const int split, size_t m, si
 PA_INLINE void pv(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n, size_t d,
                   const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
                   const float *rescale, pa_prefetch *prefetch) {
-  PA_WITH_HEAD_SIZE(d, width,
-                    pv_sized(bytes, split, m, n, width, p, ldp, v_rows, o, ldo, rescale, prefetch));
+  if (d == 128 && !split) /* as in qk */
+    pv_sized(bytes, split, m, n, 128, p, ldp, v_rows, o, ldo, rescale, prefetch);
+  else
+    pv_sized(bytes, split, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
 }
 
 #define PA_DEFINE_QK_PV(suffix, bytes)                                                           \

@@ -180,10 +180,11 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
   } while (0)
 
 /* Runs `body` with `width` (a size_t) equal to the head size d, as a
- * compile-time constant for the common head sizes: an inlined kernel's loop
- * over a row then has a constant trip count and no tail, and unrolls. (The
- * bf16 Q K^T in L1 went 2.9 -> 2.5 ns per key and KV head at head size 128;
- * 16x4096 bf16 decode +2.2 points, 6 alternating runs.) */
+ * compile-time constant for head sizes 128 and 64: an inlined kernel's
+ * loop over a row then has a constant trip count and no tail, and unrolls
+ * (PA_FOR_CHUNKS). The bf16 Q K^T in L1 went 2.9 -> 2.5-2.7 ns per key and
+ * KV head at head size 128 (docs/decode-memory.md). Each copy costs build
+ * time, most in sanitizer builds: hence two sizes. */
 #define PA_WITH_HEAD_SIZE(d, width, body) \
   do {                                    \
     if ((d) == 128) {                     \
@@ -192,16 +193,26 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
     } else if ((d) == 64) {               \
       const size_t width = 64;            \
       body;                               \
-    } else if ((d) == 96) {               \
-      const size_t width = 96;            \
-      body;                               \
-    } else if ((d) == 256) {              \
-      const size_t width = 256;           \
-      body;                               \
     } else {                              \
       const size_t width = (d);           \
       body;                               \
     }                                     \
+  } while (0)
+
+/* for (size_t var = 0; var < limit; var += step) { ... }, unrolled in full
+ * (`unroll`: "GCC unroll N") where `limit` is a compile-time constant, as
+ * PA_WITH_HEAD_SIZE makes it, and left rolled where it is not: unrolling a
+ * run-time loop only bloats it (an ASan build of the three AVX-512
+ * attention files then took 6 minutes instead of 1.5). */
+#define PA_FOR_CHUNKS(var, limit, step, unroll, ...)                                     \
+  do {                                                                                   \
+    if (__builtin_constant_p(limit)) {                                                   \
+      _Pragma(unroll) for (size_t var = 0; var < (limit); var += (step)) { __VA_ARGS__ } \
+    } else {                                                                             \
+      for (size_t var = 0; var < (limit); var += (step)) {                               \
+        __VA_ARGS__                                                                      \
+      }                                                                                  \
+    }                                                                                    \
   } while (0)
 
 /* Registration: each fills the entries of one operation file. */
