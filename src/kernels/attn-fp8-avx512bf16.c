@@ -97,12 +97,10 @@ static void load_q_grouped(void *dst, const void *src, size_t n, float factor) {
   }
 }
 
-/* f16 Q for the bf16 dot products: each value split into a bf16 high part
- * and the bf16 rest (q - high has at most 3 significant bits, so the two
- * add up to q exactly), the high parts in [0, padded), the rests in
+/* f16 Q for the bf16 dot products: each value split exactly into two bf16
+ * parts (bf16_parts), the high parts in [0, padded), the rests in
  * [padded, 2 padded) of the row, both in the group order. Q K^T then takes
- * two dot products per K vector instead of an f32 FMA per converted value.
- * An infinite q keeps a zero rest (inf - inf would be NaN). */
+ * two dot products per K vector instead of an f32 FMA per converted value. */
 static void load_q_split(void *dst, const void *src, size_t n, float factor) {
   (void)factor;
   uint16_t *high_out = dst, *rest_out = (uint16_t *)dst + q_padded(n);
@@ -114,14 +112,10 @@ static void load_q_split(void *dst, const void *src, size_t n, float factor) {
       for (int part = 0; part < 2; part++) {
         size_t at = g + 32 * (size_t)h + 16 * (size_t)part, left = at < n ? n - at : 0;
         __m512 q = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(pa512_tail_mask(left), in + at));
-        high16[part] = pa512_to_bf16(q);
-        __m512 high_f32 =
-            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(high16[part]), 16));
-        __mmask16 finite = ~_mm512_fpclass_ps_mask(high_f32, 0x18); /* not +-inf */
-        rest16[part] = pa512_to_bf16(_mm512_maskz_sub_ps(finite, q, high_f32));
+        bf16_parts(q, &high16[part], &rest16[part]);
       }
-      high[h] = _mm512_inserti64x4(_mm512_castsi256_si512(high16[0]), high16[1], 1);
-      rest[h] = _mm512_inserti64x4(_mm512_castsi256_si512(rest16[0]), rest16[1], 1);
+      high[h] = pa512_concat(high16[0], high16[1]);
+      rest[h] = pa512_concat(rest16[0], rest16[1]);
     }
     store_grouped(high_out + g, high[0], high[1]);
     store_grouped(rest_out + g, rest[0], rest[1]);

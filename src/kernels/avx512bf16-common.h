@@ -51,16 +51,24 @@ PA_INLINE __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-/* x rounded to bf16 as vcvtne2ps2bf16 rounds it, back in f32. */
-PA_INLINE __m512 bf16_rounded(__m512 x) {
-  __m512i words = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+/* x as two bf16 parts, high + rest (rest = x - high, rounded in turn): x to
+ * 2^-17, and exactly for values of up to 16 significant bits (an f16's
+ * 11). An infinite x gets a zero rest (inf - inf would be NaN). */
+PA_INLINE void bf16_parts(__m512 x, __m256i *high, __m256i *rest) {
+  *high = (__m256i)_mm512_cvtneps_pbh(x);
+  __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(*high), 16));
+  __mmask16 finite = ~_mm512_fpclass_ps_mask(back, 0x18); /* not +-inf */
+  *rest = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_sub_ps(finite, x, back));
+}
+
+PA_INLINE __m512i pa512_concat(__m256i low, __m256i high) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
 }
 
 /* P rows [0, rows) for keys [0, n), n <= PA_PAIR_KEYS, as bf16 pairs (the
  * pair past an odd n gets a zero). With `split`, rows [rows, 2 rows) get
- * the pairs of the rests p - bf16(p): the two parts add up to p to 2^-17,
- * where one bf16 is 2^-9 off (f16 activations want better than that). */
+ * the pairs of the rests (bf16_parts): one bf16 is 2^-9 off, and f16
+ * activations want better than that. */
 PA_INLINE void pack_pairs_parts(const int split, int rows, size_t n, const float *p, size_t ldp,
                                 uint32_t (*pairs)[PA_PAIR_KEYS / 2]) {
   for (int r = 0; r < rows; r++) {
@@ -69,12 +77,15 @@ PA_INLINE void pack_pairs_parts(const int split, int rows, size_t n, const float
       __m512 a = _mm512_maskz_loadu_ps(pa512_tail_mask(left), p + r * ldp + j);
       __m512 b =
           _mm512_maskz_loadu_ps(pa512_tail_mask(left > 16 ? left - 16 : 0), p + r * ldp + j + 16);
-      _mm512_storeu_si512(&pairs[r][j / 2], (__m512i)_mm512_cvtne2ps_pbh(b, a));
-      if (split) {
-        __m512 rest_a = _mm512_sub_ps(a, bf16_rounded(a)),
-               rest_b = _mm512_sub_ps(b, bf16_rounded(b));
-        _mm512_storeu_si512(&pairs[rows + r][j / 2], (__m512i)_mm512_cvtne2ps_pbh(rest_b, rest_a));
+      if (!split) {
+        _mm512_storeu_si512(&pairs[r][j / 2], (__m512i)_mm512_cvtne2ps_pbh(b, a));
+        continue;
       }
+      __m256i high_a, rest_a, high_b, rest_b;
+      bf16_parts(a, &high_a, &rest_a);
+      bf16_parts(b, &high_b, &rest_b);
+      _mm512_storeu_si512(&pairs[r][j / 2], pa512_concat(high_a, high_b));
+      _mm512_storeu_si512(&pairs[rows + r][j / 2], pa512_concat(rest_a, rest_b));
     }
   }
 }
