@@ -21,13 +21,14 @@ static void gather_tile_rows(const pa_kv_source *kv, int32_t seq, int32_t kv_hea
     }
     return;
   }
-  const int32_t *table = kv->block_tables + seq * kv->block_table_stride;
-  int64_t i = 0;
-  for (int64_t key = first, end = first + n; key < end;) {
-    int64_t block = key / kv->block_size, offset = key % kv->block_size;
+  /* One division per call, not per block: with 1-token blocks a division
+   * per key cost more than the rest of the walk. */
+  const int32_t *table = kv->block_tables + seq * kv->block_table_stride + first / kv->block_size;
+  int64_t head = kv_head * kv->head_bytes, i = 0;
+  for (int64_t key = first, end = first + n, offset = first % kv->block_size; key < end;
+       table++, offset = 0) {
     int64_t run = PA_MIN(kv->block_size - offset, end - key);
-    int64_t at =
-        table[block] * kv->block_bytes + kv_head * kv->head_bytes + offset * kv->token_bytes;
+    int64_t at = *table * kv->block_bytes + head + offset * kv->token_bytes;
     for (int64_t r = 0; r < run; r++, i++) {
       k_rows[i] = kv->key + at + r * kv->token_bytes;
       v_rows[i] = kv->value + at + r * kv->token_bytes;
@@ -177,10 +178,12 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
     }
     return count;
   }
-  const int32_t *table = kv->block_tables + item->seq * kv->block_table_stride;
-  for (int64_t key = first, end = first + n; key < end;) {
-    int64_t offset = key % kv->block_size, run = PA_MIN(kv->block_size - offset, end - key);
-    int64_t at = table[key / kv->block_size] * kv->block_bytes + head0;
+  const int32_t *table =
+      kv->block_tables + item->seq * kv->block_table_stride + first / kv->block_size;
+  for (int64_t key = first, end = first + n, offset = first % kv->block_size; key < end;
+       table++, offset = 0) {
+    int64_t run = PA_MIN(kv->block_size - offset, end - key);
+    int64_t at = *table * kv->block_bytes + head0;
     int whole = run == kv->block_size;
     for (int64_t h = 0; h < (whole ? 1 : heads); h++) {
       int64_t from = at + h * kv->head_bytes + offset * kv->token_bytes;
