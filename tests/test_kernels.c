@@ -302,6 +302,55 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) 
   }
 }
 
+/* A NaN score (from a NaN or infinite Q or K) beside finite ones makes its
+ * row's sum NaN, and so its output, in every family and with or without a
+ * soft cap: the vector exp2 once weighed it as 0 (its clamp dropped the
+ * NaN), the vector tanh as -1. Other rows keep their sums. (A row whose
+ * every score is NaN counts as one that sees no key, as fmaxf ignores NaN.) */
+static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
+  enum { M = 6, LDS = 48 };
+  for (int round = 0; round < 60; round++) {
+    size_t m = 1 + (size_t)tu_int(rng, 0, M - 1), n = 2 + (size_t)tu_int(rng, 0, LDS - 2);
+    size_t bad_row = (size_t)tu_int(rng, 0, (int)m - 1),
+           bad_key = (size_t)tu_int(rng, 0, (int)n - 1);
+    float got[M * LDS], want[M * LDS], max_got[M], max_want[M], sum_got[M], sum_want[M];
+    float res_got[M], res_want[M];
+    int32_t position[M];
+    for (size_t i = 0; i < m; i++) {
+      for (size_t j = 0; j < LDS; j++)
+        got[i * LDS + j] = want[i * LDS + j] = (float)tu_range(rng, -30, 30);
+      position[i] = 100;
+      max_got[i] = max_want[i] = -INFINITY;
+      sum_got[i] = sum_want[i] = 0.0f;
+    }
+    got[bad_row * LDS + bad_key] = want[bad_row * LDS + bad_key] = NAN;
+    pa_softmax_tile t = {
+        .m = m,
+        .n = n,
+        .first_key = 0,
+        .score_scale = 0.125f,
+        .soft_cap = round % 2 ? (float)tu_range(rng, 5, 50) : 0.0f,
+        .position = position,
+        .bf16_weights = tu_int(rng, 0, 1),
+    };
+    pa_softmax_tile tg = t, tw = t;
+    tg.row_max = max_got, tg.row_sum = sum_got, tg.rescale = res_got;
+    tw.row_max = max_want, tw.row_sum = sum_want, tw.rescale = res_want;
+    k->softmax(&tg, got, LDS);
+    s->softmax(&tw, want, LDS);
+    for (size_t i = 0; i < m; i++) {
+      if (i == bad_row) {
+        CHECK(isnan(sum_got[i]) && isnan(sum_want[i]),
+              "softmax with a NaN score: row_sum %g (scalar %g), cap=%g n=%zu key=%zu", sum_got[i],
+              sum_want[i], (double)t.soft_cap, n, bad_key);
+      } else {
+        CHECK(rel_close(sum_got[i], sum_want[i], fabs(sum_want[i]), 1e-5),
+              "softmax row_sum[%zu] beside a NaN row: %g vs %g", i, sum_got[i], sum_want[i]);
+      }
+    }
+  }
+}
+
 /* ------------------------------------------------------------------------ */
 
 /* Packed tiles: each family packs in its own layout, so compare the
@@ -580,6 +629,7 @@ static void test_family(pa_isa isa, const pa_kernels *scalar, tu_rng *rng) {
   test_qk_pv(&k, scalar, rng);
   test_fp8_codes(&k, scalar, rng);
   test_softmax(&k, scalar, rng);
+  test_softmax_nan(&k, scalar, rng);
   for (int a = 0; a < PA_NUM_ACT_DTYPES; a++) {
     for (int c = 0; c < PA_NUM_DTYPES; c++) {
       const pa_attn_ops *ops = &k.attn[a][c];

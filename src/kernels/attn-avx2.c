@@ -240,7 +240,7 @@ PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
     }
     x = _mm256_blendv_ps(minus_inf, x, visible);
     pa256_store_f32(row + j, x, count);
-    vmax = _mm256_max_ps(vmax, x);
+    vmax = _mm256_max_ps(x, vmax); /* a NaN x is passed over, as fmaxf does */
   }
   return reduce_max(vmax);
 }

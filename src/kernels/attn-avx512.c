@@ -179,7 +179,7 @@ PA_INLINE __m512 logits_row(const pa_softmax_tile *t, size_t i, float *row) {
     }
     x = _mm512_mask_mov_ps(minus_inf, visible, _mm512_mul_ps(x, _mm512_set1_ps(PA_LOG2E)));
     _mm512_mask_storeu_ps(row + j, in_tile, x);
-    vmax = _mm512_max_ps(vmax, x);
+    vmax = _mm512_max_ps(x, vmax); /* a NaN x is passed over, as fmaxf does */
   }
   return vmax;
 }
@@ -191,7 +191,7 @@ PA_INLINE __m512 raw_max_row(size_t n, const float *row) {
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   for (size_t j = 0; j < n; j += 16) {
     __mmask16 m = pa512_tail_mask(n - j);
-    vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, row + j));
+    vmax = _mm512_mask_max_ps(vmax, m, _mm512_maskz_loadu_ps(m, row + j), vmax); /* as above */
   }
   return vmax;
 }

@@ -81,9 +81,11 @@ PA_INLINE __m256i pa512_to_bf16(__m512 x) {
 /* 2^x = 2^n * p(f), x = n + f with |f| <= 1/2 and p the polynomial with
  * the `count` coefficients `c`, highest degree first; vscalefps does the
  * 2^n (it overflows to inf and underflows to 0 cleanly). Below -200 the
- * result is 0, so 2^-inf = 0. */
+ * result is 0, so 2^-inf = 0; 2^NaN is NaN, as exp2f gives (vmaxps returns
+ * its second operand when either is NaN), so that a NaN score is not
+ * weighed as a zero. */
 PA_INLINE __m512 pa512_exp2_poly(__m512 x, const float *c, int count) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
   __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(x, n);
   __m512 p = _mm512_set1_ps(c[0]);
