@@ -65,6 +65,8 @@ static void usage(FILE *f) {
       "  --cache-dtype T     f32 | f16 | bf16 | fp8_e4m3 | fp8_e5m2 (the activation dtype)\n"
       "  --window W          sliding window\n"
       "  --alibi             ALiBi slopes\n"
+      "  --sinks             one attention-sink logit per head\n"
+      "  --lse               also write the log-sum-exp of every row and head\n"
       "  --softcap C         logits soft cap\n"
       "  --hot               decode/mixed: reuse one copy of the K/V (cache-resident when it\n"
       "                      fits) instead of rotating copies that force DRAM reads\n",
@@ -139,6 +141,12 @@ static void parse_args(options *o, int argc, char **argv) {
       o->no_scalar = 1;
     } else if (FLAG("--alibi")) {
       c->alibi = 1;
+      o->custom_knob = 1;
+    } else if (FLAG("--sinks")) {
+      c->sinks = 1;
+      o->custom_knob = 1;
+    } else if (FLAG("--lse")) {
+      c->lse = 1;
       o->custom_knob = 1;
     } else if (FLAG("--hot")) {
       c->hot = 1;

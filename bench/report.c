@@ -71,7 +71,7 @@ static void header_table(const pab_header *h) {
       "mem: where a decode row's K/V come from on each call (L2/L3 when they fit and are\n"
       "  reused, else DRAM).\n",
       stdout);
-  printf("\n%-26s %-6s %3s  %-52s %-4s %4s %11s %8s %8s %11s\n", "name", "isa", "thr", "shape",
+  printf("\n%-26s %-6s %3s  %-58s %-4s %4s %11s %8s %8s %11s\n", "name", "isa", "thr", "shape",
          "mem", "reps", "median_us", "KV_GB/s", "GFLOP/s", "%roof");
 }
 
@@ -149,7 +149,7 @@ void pab_report_row(pab_format f, const pab_row *r) {
       snprintf(pct, sizeof pct, "n/a");
     else
       snprintf(pct, sizeof pct, "%.1f%% %s", r->roof_pct, r->roof);
-    printf("%-26s %-6s %3d  %-52s %-4s %4d %11.1f %8.2f %8.1f %11s\n", r->name, r->isa, r->threads,
+    printf("%-26s %-6s %3d  %-58s %-4s %4d %11.1f %8.2f %8.1f %11s\n", r->name, r->isa, r->threads,
            r->shape, r->mem, r->reps, r->median_us, r->kv_gbs, r->gflops, pct);
   } else if (f == PAB_FMT_CSV) {
     csv_str(r->name);

@@ -101,6 +101,11 @@ int pab_suite_default(int quick, pab_case ***out) {
   }
   c = push(&l, decode_case("_bf16_frag", quick ? 4 : 16, 4096 / d));
   c->fragmented = 1;
+  /* The logit features together (ALiBi, Gemma-2's soft cap of 50, sinks) with
+   * the lse output: to compare with the plain bf16 row. */
+  c = push(&l, decode_case("_features", quick ? 4 : 16, 4096 / d));
+  c->alibi = c->sinks = c->lse = 1;
+  c->softcap = 50.0f;
   /* Mid-size variants: 8x4096 keeps even head size 64 (64 MiB of K/V) beyond L3. */
   const int block_sizes[] = {1, 16, 64};
   for (int i = 0; i < 3; i++) {
@@ -224,6 +229,8 @@ pab_case *pab_suite_custom(const pab_custom *o) {
   c->cache_dtype = o->cache_dtype_set ? o->cache_dtype : c->dtype;
   c->window = o->window;
   c->alibi = o->alibi;
+  c->sinks = o->sinks;
+  c->lse = o->lse;
   c->softcap = o->softcap;
   const char *mode = "";
   switch (o->mode) {

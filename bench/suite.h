@@ -20,7 +20,7 @@ typedef struct pab_custom {
   int heads, kv_heads, head_size, block_size;
   pa_dtype dtype, cache_dtype;
   int dtype_set, cache_dtype_set;
-  int window, alibi, hot;
+  int window, alibi, sinks, lse, hot;
   float softcap;
 } pab_custom;
 

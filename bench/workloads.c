@@ -91,6 +91,8 @@ void pab_case_shape(const pab_case *c, char *buf, size_t cap) {
   if (c->alibi) el += (size_t)snprintf(extra + el, sizeof extra - el, " alibi");
   if (c->softcap > 0)
     el += (size_t)snprintf(extra + el, sizeof extra - el, " cap%g", (double)c->softcap);
+  if (c->sinks) el += (size_t)snprintf(extra + el, sizeof extra - el, " sinks");
+  if (c->lse) el += (size_t)snprintf(extra + el, sizeof extra - el, " lse");
   if (c->api == PAB_API_PAGED && c->fragmented)
     el += (size_t)snprintf(extra + el, sizeof extra - el, " frag");
   /* "bf16>fp8_e4m3" only when the cache dtype differs from the activations'. */
@@ -114,6 +116,7 @@ struct pab_data {
   pa_layer *layer;
   int64_t rows, row_elems; /* query/output rows and their width */
   void *query, *out;
+  float *lse; /* [rows][num_heads] when the case asks for it */
   /* paged */
   pa_kv_cache cache;
   int rot;
@@ -137,6 +140,11 @@ static void make_layer(pab_data *d) {
     for (int h = 0; h < c->num_heads; h++)
       slopes[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)c->num_heads);
   }
+  float *sinks = NULL;
+  if (c->sinks) {
+    sinks = pab_xmalloc((size_t)c->num_heads * sizeof *sinks);
+    for (int h = 0; h < c->num_heads; h++) sinks[h] = (float)(h % 4) - 1.0f;
+  }
   pa_layer_config cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.num_heads = c->num_heads;
@@ -145,10 +153,12 @@ static void make_layer(pab_data *d) {
   cfg.alibi_slopes = slopes;
   cfg.sliding_window = c->window;
   cfg.logits_soft_cap = c->softcap;
+  cfg.sinks = sinks;
   cfg.attn_type = c->attn_type;
   cfg.dtype = c->dtype;
   PAB_CHECK(pa_layer_create(&cfg, &d->layer));
   free(slopes);
+  free(sinks);
 }
 
 static void *random_buffer(pab_rng *rng, size_t elems, pa_dtype dtype) {
@@ -284,6 +294,8 @@ pab_data *pab_data_build(const pab_case *c, pa_context *writer, size_t cold_byte
   size_t q_elems = (size_t)(d->rows ? d->rows : 1) * (size_t)d->row_elems;
   d->query = random_buffer(&rng, q_elems, c->dtype);
   d->out = pab_xcalloc(q_elems, pa_dtype_size(c->dtype));
+  if (c->lse)
+    d->lse = pab_xcalloc((size_t)(d->rows ? d->rows : 1) * (size_t)c->num_heads, sizeof(float));
   if (c->api == PAB_API_PAGED)
     build_paged(d, writer, cold_bytes, min_rotations, &rng);
   else
@@ -296,6 +308,7 @@ void pab_data_free(pab_data *d) {
   pa_layer_destroy(d->layer);
   free(d->query);
   free(d->out);
+  free(d->lse);
   pab_big_free(d->cache.key);
   pab_big_free(d->cache.value);
   free(d->qsl);
@@ -318,12 +331,12 @@ static double one_call(pab_data *d, pa_context *ctx, const pa_plan *plan) {
     const pa_batch *b = &d->batches[d->next];
     d->next = (d->next + 1) % d->rot;
     PAB_CHECK(pa_paged_attention(ctx, d->layer, plan, d->query, d->row_elems, &d->cache, b, d->out,
-                                 d->row_elems, NULL));
+                                 d->row_elems, d->lse));
   } else {
     int64_t kv_row = (int64_t)c->num_kv_heads * c->head_size;
     PAB_CHECK(pa_varlen_attention(ctx, d->layer, d->query, d->row_elems, d->key, kv_row, d->value,
                                   kv_row, c->num_seqs, d->cu_q, d->cu_k, d->out, d->row_elems,
-                                  NULL));
+                                  d->lse));
   }
   return pab_now() - t0;
 }

@@ -35,6 +35,8 @@ typedef struct pab_case {
   int window;
   int alibi;
   float softcap;
+  int sinks;  /* one sink logit per head */
+  int lse;    /* the call also writes the log-sum-exp of every row and head */
   int cold;   /* rotate over disjoint copies of the K/V so no call reuses the last one's lines */
   int scalar; /* also time it with a scalar-kernel context */
   /* Block ids: 0 in allocation order (each sequence's blocks contiguous, as a freshly started
