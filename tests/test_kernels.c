@@ -234,6 +234,20 @@ static void test_qk_pv(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
 
 /* ------------------------------------------------------------------------ */
 
+/* One side of a softmax comparison: S and the running state of its rows. */
+typedef struct softmax_side {
+  float *s, *row_max, *row_sum, *rescale;
+} softmax_side;
+
+/* Tile t through the family's softmax on `got` and the scalar one on `want`. */
+static void softmax_both(const pa_kernels *k, const pa_kernels *s, pa_softmax_tile t,
+                         softmax_side got, softmax_side want, size_t lds) {
+  t.row_max = got.row_max, t.row_sum = got.row_sum, t.rescale = got.rescale;
+  k->softmax(&t, got.s, lds);
+  t.row_max = want.row_max, t.row_sum = want.row_sum, t.rescale = want.rescale;
+  s->softmax(&t, want.s, lds);
+}
+
 /* Weights are 2^(x - max) with |x| up to ~70 here: one rounding of x more or
  * less (the vector kernels fold log2(e) into the score scale) moves a weight
  * by up to ln2 * ulp(70) ~ 5e-6 relative, hence 1e-5; a soft cap's tanh adds
@@ -271,11 +285,8 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) 
         .key_hi = hi,
         .bf16_weights = tu_int(rng, 0, 1),
     };
-    pa_softmax_tile tg = t, tw = t;
-    tg.row_max = max_got, tg.row_sum = sum_got, tg.rescale = res_got;
-    tw.row_max = max_want, tw.row_sum = sum_want, tw.rescale = res_want;
-    k->softmax(&tg, got, LDS);
-    s->softmax(&tw, want, LDS);
+    softmax_both(k, s, t, (softmax_side){got, max_got, sum_got, res_got},
+                 (softmax_side){want, max_want, sum_want, res_want}, LDS);
     for (size_t i = 0; i < m; i++) {
       /* A soft cap's tanh is an approximation good to a few ulps of the cap. */
       double max_scale = fabs(max_want[i]) + 1.0 + 2.0 * t.soft_cap;
@@ -333,11 +344,8 @@ static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *r
         .position = position,
         .bf16_weights = tu_int(rng, 0, 1),
     };
-    pa_softmax_tile tg = t, tw = t;
-    tg.row_max = max_got, tg.row_sum = sum_got, tg.rescale = res_got;
-    tw.row_max = max_want, tw.row_sum = sum_want, tw.rescale = res_want;
-    k->softmax(&tg, got, LDS);
-    s->softmax(&tw, want, LDS);
+    softmax_both(k, s, t, (softmax_side){got, max_got, sum_got, res_got},
+                 (softmax_side){want, max_want, sum_want, res_want}, LDS);
     for (size_t i = 0; i < m; i++) {
       if (i == bad_row) {
         CHECK(isnan(sum_got[i]) && isnan(sum_want[i]),
