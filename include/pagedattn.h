@@ -120,7 +120,13 @@ typedef enum pa_attn_type {
  * Masks: PA_ATTN_DECODER is causal (j <= i). A sliding window w > 0 keeps
  * i - w < j <= i for every type except PA_ATTN_ENCODER_ONLY, whose window is
  * symmetric (|i - j| < w), as in vLLM. A row that sees no key outputs zeros
- * and lse = -inf, sink or not. */
+ * and lse = -inf, sink or not.
+ * Non-finite Q, K and V are not rejected; they follow IEEE arithmetic as
+ * far as the online softmax allows: a NaN logit that shares its tile of
+ * keys (16 to 128) with a finite logit of its row makes the row's output
+ * NaN; a row whose logits are all NaN outputs zeros, as one that sees no
+ * key; a NaN or infinite V may reach rows for which its key is masked (keys
+ * are multiplied in by tiles, as GPU kernels do). */
 typedef struct pa_layer_config {
   int num_heads;             /* query heads, >= 1 */
   int num_kv_heads;          /* 0 means num_heads; must divide num_heads */
