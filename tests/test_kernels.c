@@ -47,6 +47,24 @@ static float element(pa_dtype dtype, const void *row, size_t e) {
   return pa_decode_element(dtype, row, e);
 }
 
+/* The yardsticks of the kernels' rounding: S[i][j]'s is the sum of its
+ * terms' magnitudes over d elements, O[i][e]'s that over keys [0, n) plus
+ * O's value before and 1. */
+static double qk_scale(pa_dtype q_dtype, const void *q_row, pa_dtype k_dtype, const void *k_row,
+                       size_t d) {
+  double scale = 0;
+  for (size_t e = 0; e < d; e++)
+    scale += fabs(element(q_dtype, q_row, e) * element(k_dtype, k_row, e));
+  return scale;
+}
+
+static double pv_scale(const float *p_row, pa_dtype v_dtype, const void *const *v_rows, size_t n,
+                       size_t e, float o_before) {
+  double scale = fabs(o_before) + 1;
+  for (size_t j = 0; j < n; j++) scale += fabs(p_row[j] * element(v_dtype, v_rows[j], e));
+  return scale;
+}
+
 /* A row's rescale factor: 1, a fraction, or (a quarter of the time) 0,
  * which must discard the row of O: it is then filled with NaN, as
  * uninitialised memory may hold. */
@@ -187,9 +205,7 @@ static void test_qk_pv(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
       free(again);
       for (size_t i = 0; i < m; i++) {
         for (size_t j = 0; j < n; j++) {
-          double scale = 0;
-          for (size_t e = 0; e < d; e++)
-            scale += fabs(q[i * ldq + e] * element(dtype, kr.ptr[j], e));
+          double scale = qk_scale(PA_F32, q + i * ldq, dtype, kr.ptr[j], d);
           CHECK(rel_close(got[i * lds + j], want[i * lds + j], scale, 1e-5),
                 "qk[%s] m=%zu n=%zu d=%zu S[%zu][%zu] %g vs %g", pa_dtype_name(dtype), m, n, d, i,
                 j, got[i * lds + j], want[i * lds + j]);
@@ -217,10 +233,9 @@ static void test_qk_pv(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
       free(o_again);
       for (size_t i = 0; i < m; i++) {
         for (size_t e = 0; e < ldo; e++) {
-          double scale = fabs(o_want[i * ldo + e]) + 1;
-          for (size_t j = 0; j < n && e < d; j++)
-            scale += fabs(got[i * lds + j] * element(dtype, vr.ptr[j], e));
           int inside = e < d;
+          double scale =
+              inside ? pv_scale(got + i * lds, dtype, vr.ptr, n, e, o_want[i * ldo + e]) : 0;
           CHECK(inside ? rel_close(o_got[i * ldo + e], o_want[i * ldo + e], scale, 1e-5)
                        : o_got[i * ldo + e] == o_want[i * ldo + e],
                 "pv[%s] m=%zu n=%zu d=%zu O[%zu][%zu] %g vs %g%s", pa_dtype_name(dtype), m, n, d, i,
@@ -392,11 +407,7 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
     s->qk_packed(m, n, d, q_s, ldq, sp, want, lds);
     for (size_t i = 0; i < m; i++) {
       for (size_t j = 0; j < n; j++) {
-        double scale = 0;
-        for (size_t e = 0; e < d; e++) {
-          scale += fabs(element(act, (char *)q_act + i * ldq * act_size, e) *
-                        element(cache, kr.ptr[j], e));
-        }
+        double scale = qk_scale(act, (char *)q_act + i * ldq * act_size, cache, kr.ptr[j], d);
         CHECK(rel_close(got[i * lds + j], want[i * lds + j], scale, 1e-5),
               "qk_packed[%s,%s] m=%zu n=%zu d=%zu S[%zu][%zu] %g vs %g", pa_dtype_name(act),
               pa_dtype_name(cache), m, n, d, i, j, got[i * lds + j], want[i * lds + j]);
@@ -418,9 +429,8 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
     s->pv_packed(m, n, d, got, lds, sp, o_want, ldo, rescale);
     for (size_t i = 0; i < m; i++) {
       for (size_t e = 0; e < ldo; e++) {
-        double scale = fabs(o_want[i * ldo + e]) + 1;
-        for (size_t j = 0; j < n && e < d; j++)
-          scale += fabs(got[i * lds + j] * element(cache, vr.ptr[j], e));
+        double scale =
+            e < d ? pv_scale(got + i * lds, cache, vr.ptr, n, e, o_want[i * ldo + e]) : 0;
         CHECK(e < d ? rel_close(o_got[i * ldo + e], o_want[i * ldo + e], scale, 1e-5)
                     : o_got[i * ldo + e] == o_want[i * ldo + e],
               "pv_packed[%s,%s] m=%zu n=%zu d=%zu O[%zu][%zu] %g vs %g", pa_dtype_name(act),
@@ -467,9 +477,7 @@ static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dty
     free(again);
     for (size_t i = 0; i < m; i++) {
       for (size_t j = 0; j < n; j++) {
-        double scale = 0;
-        for (size_t e = 0; e < d; e++)
-          scale += fabs(q_f[i * ldq + e] * element(cache, kr.ptr[j], e));
+        double scale = qk_scale(PA_F32, q_f + i * ldq, cache, kr.ptr[j], d);
         CHECK(rel_close(got[i * lds + j], want[i * lds + j], scale, 1e-5),
               "qk[%s,%s] m=%zu n=%zu d=%zu S[%zu][%zu] %g vs %g", pa_dtype_name(act),
               pa_dtype_name(cache), m, n, d, i, j, got[i * lds + j], want[i * lds + j]);
@@ -501,9 +509,7 @@ static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dty
     free(o_again);
     for (size_t i = 0; i < m; i++) {
       for (size_t e = 0; e < d; e++) {
-        double scale = fabs(o_want[i * ldo + e]) + 1;
-        for (size_t j = 0; j < n; j++)
-          scale += fabs(got[i * lds + j] * element(cache, vr.ptr[j], e));
+        double scale = pv_scale(got + i * lds, cache, vr.ptr, n, e, o_want[i * ldo + e]);
         CHECK(rel_close(o_got[i * ldo + e], o_want[i * ldo + e], scale, 1e-5),
               "pv[%s,%s] m=%zu n=%zu d=%zu O[%zu][%zu] %g vs %g", pa_dtype_name(act),
               pa_dtype_name(cache), m, n, d, i, e, o_got[i * ldo + e], o_want[i * ldo + e]);
@@ -588,9 +594,7 @@ static void test_fp8_codes(const pa_kernels *k, const pa_kernels *s, tu_rng *rng
         s->qk[cache](m, n, d, q, ldq, kr.ptr, want, lds, NULL);
         for (size_t i = 0; i < m; i++) {
           for (size_t j = 0; j < n; j++) {
-            double scale = 0;
-            for (size_t e = 0; e < d; e++)
-              scale += fabs(q[i * ldq + e] * element(cache, kr.ptr[j], e));
+            double scale = qk_scale(PA_F32, q + i * ldq, cache, kr.ptr[j], d);
             CHECK(fp8_close(got[i * lds + j], want[i * lds + j], scale),
                   "qk[%s%s] poison=%d m=%zu n=%zu d=%zu S[%zu][%zu] %g vs %g", pa_dtype_name(cache),
                   use_narrow ? ",bf16 Q" : "", poison, m, n, d, i, j, got[i * lds + j],
@@ -613,9 +617,7 @@ static void test_fp8_codes(const pa_kernels *k, const pa_kernels *s, tu_rng *rng
         s->pv[cache](m, n, d, got, lds, vr.ptr, o_want, ldo, NULL, NULL);
         for (size_t i = 0; i < m; i++) {
           for (size_t e = 0; e < d; e++) {
-            double scale = fabs(o_want[i * ldo + e]) + 1;
-            for (size_t j = 0; j < n; j++)
-              scale += fabs(got[i * lds + j] * element(cache, vr.ptr[j], e));
+            double scale = pv_scale(got + i * lds, cache, vr.ptr, n, e, o_want[i * ldo + e]);
             CHECK(fp8_close(o_got[i * ldo + e], o_want[i * ldo + e], scale),
                   "pv[%s%s] poison=%d m=%zu n=%zu d=%zu O[%zu][%zu] %g vs %g", pa_dtype_name(cache),
                   use_narrow ? ",bf16 P" : "", poison, m, n, d, i, e, o_got[i * ldo + e],
