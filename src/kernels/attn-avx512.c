@@ -226,16 +226,22 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
     __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, t->row_sum + i0), correction);
 
     for (size_t r = 0; r < 16; r++) lanes[r] = _mm512_setzero_ps();
+    /* Each row's shift is taken from `after` in registers, not read back
+     * from row_max behind the masked store above (kernel bench, 8
+     * alternating runs: the softmax 2-5% faster on most rows, 9% on f32's
+     * 16-key tiles, 3% slower on bf16's 16-key tiles). */
+    const __m512 minus_after = _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(after), _mm512_set1_epi32(INT32_MIN)));
     for (size_t r = 0; r < rows; r++) {  // cppcheck-suppress knownConditionTrueFalse
       float *row = s + (i0 + r) * lds;
-      float shift = t->row_max[i0 + r];
-      if (shift == -INFINITY) { /* no key seen yet: nothing to weigh */
+      if (none & (1u << r)) { /* no key seen yet: nothing to weigh */
         for (size_t j = 0; j < t->n; j += 16) {
           _mm512_mask_storeu_ps(row + j, pa512_tail_mask(t->n - j), _mm512_setzero_ps());
         }
         continue;
       }
-      __m512 scale = _mm512_set1_ps(plain ? c : 1.0f), minus = _mm512_set1_ps(-shift);
+      __m512 scale = _mm512_set1_ps(plain ? c : 1.0f),
+             minus = _mm512_permutexvar_ps(_mm512_set1_epi32((int)r), minus_after);
       for (size_t j = 0; j < t->n; j += 16) {
         __mmask16 in_tile = pa512_tail_mask(t->n - j);
         __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_tile, row + j), scale, minus);
