@@ -39,6 +39,11 @@ static const kernel_case cases[] = {
     {"bf16_hs64", PA_BF16, PA_BF16, 64, 64},
     {"bf16_hs96", PA_BF16, PA_BF16, 96, 48},
     {"bf16_hs256", PA_BF16, PA_BF16, 256, 16},
+    /* The same shapes at other tile lengths: what a tile costs apart from
+     * its keys (docs/decode-memory.md, "Fixed costs of a tile"). */
+    {"bf16_k16", PA_BF16, PA_BF16, 128, 16},
+    {"bf16_k64", PA_BF16, PA_BF16, 128, 64},
+    {"hs256_k32", PA_BF16, PA_BF16, 256, 32},
 };
 
 typedef struct prefetch_target {
