@@ -183,8 +183,8 @@ static void build_paged(pab_data *d, pa_context *writer, size_t cold_bytes, int 
   size_t set_bytes = (size_t)set_blocks * (size_t)bs * row_bytes * 2;
 
   /* A cold row must not find its K/V in cache from the previous call: rotate over enough
-   * disjoint copies that one round trip touches cold_bytes (several L3s). A set already that
-   * big reads from DRAM on every call anyway (streaming evicts itself). */
+   * disjoint copies that one round trip touches cold_bytes (many L3s: the L3 keeps part of
+   * a set re-read in a cycle, even of one several times its size). */
   d->rot = 1;
   if (c->cold) {
     d->rot = (int)((cold_bytes + set_bytes - 1) / set_bytes);
