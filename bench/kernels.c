@@ -6,8 +6,10 @@
  *
  * The next tile's prefetch requests are issued as the library issues them, to one of three
  * targets: none (the kernels alone), lines already in L2/L3 (the cost of issuing them), or a
- * buffer far beyond the L3 walked in order (the cost of requests that go to DRAM). Internal
- * tool: it includes the library's private headers (src/). */
+ * buffer far beyond the L3 walked in order (the cost of requests that go to DRAM). A fourth
+ * row, stream, reads K and V themselves from DRAM: a paged cache of 2 x 512 MiB walked tile
+ * by tile, each tile requesting the next (the decode loop without the framework around it).
+ * Internal tool: it includes the library's private headers (src/). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -132,12 +134,99 @@ static phase_times time_tile(const pa_kernels *k, const kernel_case *c, prefetch
   return t;
 }
 
+/* The kernel calls of time_tile over a paged cache of `region` bytes per side, far beyond the
+ * L3 ([block][KV head][16 keys][row], blocks in order), one tile after another, each tile's
+ * calls requesting the next tile's K and V runs. Returns the phases summed over the tiles of
+ * the fastest of `passes` walks (a shared machine's other tenants slow some of them by half);
+ * *keys gets the keys per KV head of one walk. */
+static phase_times time_stream(const pa_kernels *k, const kernel_case *c, size_t region, int passes,
+                               double *keys) {
+  const pa_attn_ops *ops = &k->attn[c->act][c->cache];
+  size_t d = c->head_size, n = c->keys, elem = pa_dtype_size(c->cache);
+  size_t ldq = (d + 63) / 64 * 64, rows = (size_t)KV_HEADS * ROWS, row_bytes = d * elem;
+  /* Every case's tile is whole 16-key blocks. */
+  size_t block_bytes = KV_HEADS * 16 * row_bytes, tile_bytes = (n / 16) * block_bytes;
+  size_t tiles = region / tile_bytes - 1;
+  char *key = pab_big_alloc(region), *value = pab_big_alloc(region);
+  float *q_f32 = pab_xcalloc(rows * ldq, sizeof(float));
+  char *q = pab_xcalloc(rows * ldq, 4);
+  float *s = pab_xcalloc(rows * LDS, sizeof(float)), *o = pab_xcalloc(rows * d, sizeof(float));
+  float *row_max = pab_xcalloc(rows, sizeof(float)), *row_sum = pab_xcalloc(rows, sizeof(float));
+  float *rescale = pab_xcalloc(rows, sizeof(float));
+  const void **k_rows = pab_xcalloc(KV_HEADS * n, sizeof(void *));
+  const void **v_rows = pab_xcalloc(KV_HEADS * n, sizeof(void *));
+  if (!key || !value) pab_die("out of memory for the streamed cache");
+  memset(key, 0x11, region); /* small values of every dtype */
+  memset(value, 0x11, region);
+  pab_rng rng = {42};
+  for (size_t i = 0; i < rows * ldq; i++) q_f32[i] = (float)(pab_rng_next(&rng) % 100) / 50 - 1;
+  for (size_t r = 0; r < rows; r++) {
+    ops->load_q(q + r * ldq * ops->q_size, q_f32 + r * ldq, d, 0.1f);
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.0f;
+  }
+  size_t budget = (2 * tile_bytes / PA_CACHE_LINE + 2 * KV_HEADS - 1) / (2 * KV_HEADS);
+  const char *range_start[2];
+  size_t range_bytes[2] = {tile_bytes, tile_bytes};
+  phase_times best = {0, 0, 0};
+  for (int pass = 0; pass < passes; pass++) {
+    phase_times t = {0, 0, 0};
+    for (size_t tile = 0; tile < tiles; tile++) {
+      size_t at = tile * tile_bytes;
+      for (size_t h = 0; h < KV_HEADS; h++) {
+        for (size_t j = 0; j < n; j++) {
+          size_t offset = at + (j / 16) * block_bytes + (h * 16 + j % 16) * row_bytes;
+          k_rows[h * n + j] = key + offset;
+          v_rows[h * n + j] = value + offset;
+        }
+      }
+      range_start[0] = key + at + tile_bytes;
+      range_start[1] = value + at + tile_bytes;
+      pa_prefetch ahead = {.start = range_start, .bytes = range_bytes};
+      ahead.count = tile + 1 < tiles ? 2 : 0;
+      double t0 = pab_now();
+      for (size_t h = 0; h < KV_HEADS; h++) {
+        pa_prefetch_begin(&ahead, budget);
+        ops->qk(ROWS, n, d, q + h * ROWS * ldq * ops->q_size, ldq, k_rows + h * n,
+                s + h * ROWS * LDS, LDS, &ahead);
+      }
+      double t1 = pab_now();
+      pa_softmax_tile softmax = {.m = rows,
+                                 .n = n,
+                                 .score_scale = ops->scale_scores ? 0.1f : 1.0f,
+                                 .row_max = row_max,
+                                 .row_sum = row_sum,
+                                 .rescale = rescale,
+                                 .bf16_weights = ops->q_size == 2};
+      k->softmax(&softmax, s, LDS);
+      double t2 = pab_now();
+      for (size_t h = 0; h < KV_HEADS; h++) {
+        pa_prefetch_begin(&ahead, budget);
+        ops->pv(ROWS, n, d, s + h * ROWS * LDS, LDS, v_rows + h * n, o + h * ROWS * d, d,
+                rescale + h * ROWS, &ahead);
+      }
+      double t3 = pab_now();
+      t.qk += t1 - t0;
+      t.softmax += t2 - t1;
+      t.pv += t3 - t2;
+    }
+    if (pass == 0 || t.qk + t.softmax + t.pv < best.qk + best.softmax + best.pv) best = t;
+  }
+  *keys = (double)tiles * (double)n;
+  pab_big_free(key);
+  pab_big_free(value);
+  free(q_f32), free(q), free(s), free(o), free(row_max), free(row_sum), free(rescale);
+  free(k_rows), free(v_rows);
+  return best;
+}
+
 static void usage(FILE *f) {
   fputs(
       "usage: pagedattn-kernel-bench [--quick] [--isa NAME] [--reread]\n"
       "Times the decode micro-kernels of one tile with K/V in L2 (see the top of\n"
       "bench/kernels.c); ns per key and KV head, and that time over the time the\n"
-      "memory needs for the same K/V bytes at the read bandwidth measured first.\n"
+      "memory needs for the same K/V bytes at the read bandwidth measured first;\n"
+      "the stream rows read K/V from DRAM, tile after tile (2 x 512 MiB, best of 5).\n"
       "--reread instead reads sets of 32 MiB to 1 GiB over and over (1 thread, the\n"
       "best of 5 passes after a first): what the L3 keeps of a set larger than itself.\n",
       f);
@@ -217,6 +306,13 @@ int main(int argc, char **argv) {
              c->keys, target_names[target], t.qk * per, t.softmax * per, t.pv * per, total,
              memory_ns, total / memory_ns);
     }
+    double keys = 0;
+    phase_times t =
+        time_stream(&k, c, quick ? (size_t)16 << 20 : (size_t)512 << 20, quick ? 1 : 5, &keys);
+    double per = 1e9 / (keys * KV_HEADS), total = (t.qk + t.softmax + t.pv) * per;
+    printf("%-11s %4zu %4zu %-8s %7.2f %7.2f %7.2f %7.2f %7.2f %9.2f\n", c->name, c->head_size,
+           c->keys, "stream", t.qk * per, t.softmax * per, t.pv * per, total, memory_ns,
+           total / memory_ns);
   }
   pab_big_free(cached.base);
   pab_big_free(far.base);
