@@ -96,16 +96,17 @@ static void make_rows(tu_rng *rng, rows *r, pa_dtype dtype, size_t n, size_t d) 
 
 /* A prefetch request list (over memory of its own: requests have no
  * visible effect) of three ranges that end mid-line, with a budget of some
- * of their lines. */
+ * of their lines: up to several hundred, so that a kernel whose steps fall
+ * short of its loop's end leaves lines of it unissued. */
 typedef struct prefetch_probe {
-  char memory[1024];
+  char memory[3 * 64 * 200 + 3];
   const char *start[3];
   size_t bytes[3];
   pa_prefetch p;
 } prefetch_probe;
 
 static void prefetch_probe_init(prefetch_probe *pr, tu_rng *rng) {
-  size_t total = 3 * 64 * 5 + 3;
+  size_t total = sizeof pr->memory;
   for (int i = 0; i < 3; i++) {
     pr->start[i] = pr->memory + (size_t)i * (total / 3);
     pr->bytes[i] = total / 3;
@@ -447,10 +448,15 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
  * values and on P as precise as the pair keeps it. */
 static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dtype act,
                                pa_dtype cache, tu_rng *rng) {
-  for (size_t di = 0; di < COUNT(g_heads); di++) {
-    size_t d = g_heads[di],
-           n = g_direct_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_direct_keys) - 1))];
-    size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))];
+  /* Every head size twice: with any key and row counts, and with whole
+   * register blocks of rows and keys, where a kernel's last step has no
+   * partial block to overshoot its loop with and must reach its end itself. */
+  for (size_t it = 0; it < 2 * COUNT(g_heads); it++) {
+    size_t d = g_heads[it / 2], whole = it % 2;
+    size_t n = whole ? 16 * (size_t)tu_int(rng, 1, 4)
+                     : g_direct_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_direct_keys) - 1))];
+    size_t m = whole ? (size_t)1 << tu_int(rng, 0, 4)
+                     : g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))];
     size_t ldq = (d + 63) / 64 * 64 + 4, lds = 71, ldo = d + 3;
     rows kr, vr;
     make_rows(rng, &kr, cache, n, d);
