@@ -375,8 +375,9 @@ int main(int argc, char **argv) {
     pab_metrics m;
     pab_case_metrics(c, &m);
     /* A cold row's copies add up to at least the roofline's buffer: the L3 keeps part of a
-     * set that is read over and over (a 128 MiB set re-read reads 15% faster here than 1 GiB),
-     * so a smaller round trip would beat the bandwidth it is measured against. Quick runs
+     * set that is read over and over (`pagedattn-kernel-bench --reread`: here a 128 MiB set
+     * re-read reads 5% faster than 1 GiB, a 64 MiB one 30%), so a smaller round trip would
+     * beat the bandwidth it is measured against. Quick runs
      * keep the rotation (so tests cover several block tables under one plan) but not the
      * footprint, which would dominate their run time. */
     pab_data *d = pab_data_build(c, writer, o.quick ? 0 : roof_bytes, o.quick ? 2 : 1,
