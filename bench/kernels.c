@@ -57,38 +57,99 @@ typedef struct phase_times {
   double qk, softmax, pv; /* seconds, summed over the timed reps */
 } phase_times;
 
+/* What a tile's kernel calls work on besides K and V: Q for every row (loaded as the case's
+ * kernels take it), S, O, the softmax state, and one row pointer per key and KV head. */
+typedef struct tile_state {
+  const pa_kernels *k;
+  const pa_attn_ops *ops;
+  size_t d, n, ldq;
+  char *q;
+  float *s, *o, *row_max, *row_sum, *rescale;
+  const void **k_rows, **v_rows; /* [KV_HEADS * n] */
+} tile_state;
+
+static tile_state tile_state_new(const pa_kernels *k, const kernel_case *c) {
+  tile_state st = {.k = k, .ops = &k->attn[c->act][c->cache], .d = c->head_size, .n = c->keys};
+  size_t rows = (size_t)KV_HEADS * ROWS;
+  st.ldq = (st.d + 63) / 64 * 64;
+  float *q_f32 = pab_xcalloc(rows * st.ldq, sizeof(float));
+  st.q = pab_xcalloc(rows * st.ldq, 4);
+  st.s = pab_xcalloc(rows * LDS, sizeof(float));
+  st.o = pab_xcalloc(rows * st.d, sizeof(float));
+  st.row_max = pab_xcalloc(rows, sizeof(float));
+  st.row_sum = pab_xcalloc(rows, sizeof(float));
+  st.rescale = pab_xcalloc(rows, sizeof(float));
+  st.k_rows = pab_xcalloc(KV_HEADS * st.n, sizeof(void *));
+  st.v_rows = pab_xcalloc(KV_HEADS * st.n, sizeof(void *));
+  pab_rng rng = {42};
+  for (size_t i = 0; i < rows * st.ldq; i++) q_f32[i] = (float)(pab_rng_next(&rng) % 100) / 50 - 1;
+  for (size_t r = 0; r < rows; r++)
+    st.ops->load_q(st.q + r * st.ldq * st.ops->q_size, q_f32 + r * st.ldq, st.d, 0.1f);
+  free(q_f32);
+  return st;
+}
+
+static void tile_state_free(tile_state *st) {
+  free(st->q), free(st->s), free(st->o), free(st->row_max), free(st->row_sum), free(st->rescale);
+  free(st->k_rows), free(st->v_rows);
+}
+
+/* One tile's kernel calls as the decode loop makes them (Q K^T per KV head, one softmax for
+ * all rows, P V per KV head), each call taking its share `budget` of `ahead`'s requests (none
+ * when `ahead` is NULL); the phases' times are added to *t. */
+static void run_tile(const tile_state *st, pa_prefetch *ahead, size_t budget, phase_times *t) {
+  const pa_attn_ops *ops = st->ops;
+  size_t d = st->d, n = st->n, ldq = st->ldq, rows = (size_t)KV_HEADS * ROWS;
+  double t0 = pab_now();
+  for (size_t h = 0; h < KV_HEADS; h++) {
+    if (ahead) pa_prefetch_begin(ahead, budget);
+    ops->qk(ROWS, n, d, st->q + h * ROWS * ldq * ops->q_size, ldq, st->k_rows + h * n,
+            st->s + h * ROWS * LDS, LDS, ahead);
+  }
+  double t1 = pab_now();
+  pa_softmax_tile tile = {.m = rows,
+                          .n = n,
+                          .score_scale = ops->scale_scores ? 0.1f : 1.0f,
+                          .row_max = st->row_max,
+                          .row_sum = st->row_sum,
+                          .rescale = st->rescale,
+                          .bf16_weights = ops->q_size == 2};
+  st->k->softmax(&tile, st->s, LDS);
+  double t2 = pab_now();
+  for (size_t h = 0; h < KV_HEADS; h++) {
+    if (ahead) pa_prefetch_begin(ahead, budget);
+    ops->pv(ROWS, n, d, st->s + h * ROWS * LDS, LDS, st->v_rows + h * n, st->o + h * ROWS * d, d,
+            st->rescale + h * ROWS, ahead);
+  }
+  double t3 = pab_now();
+  t->qk += t1 - t0;
+  t->softmax += t2 - t1;
+  t->pv += t3 - t2;
+}
+
+/* A kernel call's share of requests for `bytes` of K and V, as attend.c splits them. */
+static size_t call_budget(size_t bytes) {
+  return (bytes / PA_CACHE_LINE + 2 * KV_HEADS - 1) / (2 * KV_HEADS);
+}
+
 /* One tile's kernel calls, `reps` times (after a warm-up); the next tile's requests (the same
  * bytes as the tile's K and V) are taken from `target` when it is set. */
 static phase_times time_tile(const pa_kernels *k, const kernel_case *c, prefetch_target *target,
                              int reps) {
-  const pa_attn_ops *ops = &k->attn[c->act][c->cache];
-  size_t d = c->head_size, n = c->keys, elem = pa_dtype_size(c->cache);
-  size_t ldq = (d + 63) / 64 * 64, rows = (size_t)KV_HEADS * ROWS, row_bytes = d * elem;
-  size_t tile_bytes = KV_HEADS * n * row_bytes; /* K, and as much V */
+  tile_state st = tile_state_new(k, c);
+  size_t row_bytes = c->head_size * pa_dtype_size(c->cache);
+  size_t tile_bytes = KV_HEADS * c->keys * row_bytes; /* K, and as much V */
   char *kv = pab_big_alloc(2 * tile_bytes);
-  float *q_f32 = pab_xcalloc(rows * ldq, sizeof(float));
-  char *q = pab_xcalloc(rows * ldq, 4);
-  float *s = pab_xcalloc(rows * LDS, sizeof(float)), *o = pab_xcalloc(rows * d, sizeof(float));
-  float *row_max = pab_xcalloc(rows, sizeof(float)), *row_sum = pab_xcalloc(rows, sizeof(float));
-  float *rescale = pab_xcalloc(rows, sizeof(float));
-  const void **k_rows = pab_xcalloc(KV_HEADS * n, sizeof(void *));
-  const void **v_rows = pab_xcalloc(KV_HEADS * n, sizeof(void *));
   if (!kv) pab_die("out of memory for the tile");
-  pab_rng rng = {42};
+  pab_rng rng = {43};
   for (size_t i = 0; i < 2 * tile_bytes; i++) kv[i] = (char)(pab_rng_next(&rng) & 0x3b);
-  for (size_t i = 0; i < rows * ldq; i++) q_f32[i] = (float)(pab_rng_next(&rng) % 100) / 50 - 1;
-  for (size_t r = 0; r < rows; r++)
-    ops->load_q(q + r * ldq * ops->q_size, q_f32 + r * ldq, d, 0.1f);
-  for (size_t h = 0; h < KV_HEADS; h++) {
-    for (size_t j = 0; j < n; j++) {
-      k_rows[h * n + j] = kv + (h * n + j) * row_bytes;
-      v_rows[h * n + j] = kv + tile_bytes + (h * n + j) * row_bytes;
-    }
+  for (size_t j = 0; j < KV_HEADS * c->keys; j++) {
+    st.k_rows[j] = kv + j * row_bytes;
+    st.v_rows[j] = kv + tile_bytes + j * row_bytes;
   }
-  size_t budget = (2 * tile_bytes / PA_CACHE_LINE + 2 * KV_HEADS - 1) / (2 * KV_HEADS);
   const char *range_start[1];
   size_t range_bytes[1] = {2 * tile_bytes};
-  phase_times t = {0, 0, 0};
+  phase_times t = {0, 0, 0}, warm_up = {0, 0, 0};
   for (int rep = -reps / 4; rep < reps; rep++) { /* negative: warm-up */
     pa_prefetch ahead = {.start = range_start, .bytes = range_bytes, .count = 1};
     if (target) {
@@ -96,41 +157,14 @@ static phase_times time_tile(const pa_kernels *k, const kernel_case *c, prefetch
       range_start[0] = target->base + target->at;
       target->at += range_bytes[0];
     }
-    for (size_t r = 0; r < rows; r++) {
-      row_max[r] = -INFINITY;
-      row_sum[r] = 0.0f;
+    for (size_t r = 0; r < (size_t)KV_HEADS * ROWS; r++) {
+      st.row_max[r] = -INFINITY;
+      st.row_sum[r] = 0.0f;
     }
-    double t0 = pab_now();
-    for (size_t h = 0; h < KV_HEADS; h++) {
-      pa_prefetch_begin(&ahead, budget);
-      ops->qk(ROWS, n, d, q + h * ROWS * ldq * ops->q_size, ldq, k_rows + h * n, s + h * ROWS * LDS,
-              LDS, target ? &ahead : NULL);
-    }
-    double t1 = pab_now();
-    pa_softmax_tile tile = {.m = rows,
-                            .n = n,
-                            .score_scale = ops->scale_scores ? 0.1f : 1.0f,
-                            .row_max = row_max,
-                            .row_sum = row_sum,
-                            .rescale = rescale,
-                            .bf16_weights = ops->q_size == 2};
-    k->softmax(&tile, s, LDS);
-    double t2 = pab_now();
-    for (size_t h = 0; h < KV_HEADS; h++) {
-      pa_prefetch_begin(&ahead, budget);
-      ops->pv(ROWS, n, d, s + h * ROWS * LDS, LDS, v_rows + h * n, o + h * ROWS * d, d,
-              rescale + h * ROWS, target ? &ahead : NULL);
-    }
-    double t3 = pab_now();
-    if (rep >= 0) {
-      t.qk += t1 - t0;
-      t.softmax += t2 - t1;
-      t.pv += t3 - t2;
-    }
+    run_tile(&st, target ? &ahead : NULL, call_budget(2 * tile_bytes), rep >= 0 ? &t : &warm_up);
   }
   pab_big_free(kv);
-  free(q_f32), free(q), free(s), free(o), free(row_max), free(row_sum), free(rescale);
-  free(k_rows), free(v_rows);
+  tile_state_free(&st);
   return t;
 }
 
@@ -141,31 +175,19 @@ static phase_times time_tile(const pa_kernels *k, const kernel_case *c, prefetch
  * *keys gets the keys per KV head of one walk. */
 static phase_times time_stream(const pa_kernels *k, const kernel_case *c, size_t region, int passes,
                                double *keys) {
-  const pa_attn_ops *ops = &k->attn[c->act][c->cache];
-  size_t d = c->head_size, n = c->keys, elem = pa_dtype_size(c->cache);
-  size_t ldq = (d + 63) / 64 * 64, rows = (size_t)KV_HEADS * ROWS, row_bytes = d * elem;
+  tile_state st = tile_state_new(k, c);
+  size_t n = c->keys, row_bytes = c->head_size * pa_dtype_size(c->cache);
   /* Every case's tile is whole 16-key blocks. */
   size_t block_bytes = KV_HEADS * 16 * row_bytes, tile_bytes = (n / 16) * block_bytes;
   size_t tiles = region / tile_bytes - 1;
   char *key = pab_big_alloc(region), *value = pab_big_alloc(region);
-  float *q_f32 = pab_xcalloc(rows * ldq, sizeof(float));
-  char *q = pab_xcalloc(rows * ldq, 4);
-  float *s = pab_xcalloc(rows * LDS, sizeof(float)), *o = pab_xcalloc(rows * d, sizeof(float));
-  float *row_max = pab_xcalloc(rows, sizeof(float)), *row_sum = pab_xcalloc(rows, sizeof(float));
-  float *rescale = pab_xcalloc(rows, sizeof(float));
-  const void **k_rows = pab_xcalloc(KV_HEADS * n, sizeof(void *));
-  const void **v_rows = pab_xcalloc(KV_HEADS * n, sizeof(void *));
   if (!key || !value) pab_die("out of memory for the streamed cache");
   memset(key, 0x11, region); /* small values of every dtype */
   memset(value, 0x11, region);
-  pab_rng rng = {42};
-  for (size_t i = 0; i < rows * ldq; i++) q_f32[i] = (float)(pab_rng_next(&rng) % 100) / 50 - 1;
-  for (size_t r = 0; r < rows; r++) {
-    ops->load_q(q + r * ldq * ops->q_size, q_f32 + r * ldq, d, 0.1f);
-    row_max[r] = -INFINITY;
-    row_sum[r] = 0.0f;
+  for (size_t r = 0; r < (size_t)KV_HEADS * ROWS; r++) {
+    st.row_max[r] = -INFINITY;
+    st.row_sum[r] = 0.0f;
   }
-  size_t budget = (2 * tile_bytes / PA_CACHE_LINE + 2 * KV_HEADS - 1) / (2 * KV_HEADS);
   const char *range_start[2];
   size_t range_bytes[2] = {tile_bytes, tile_bytes};
   phase_times best = {0, 0, 0};
@@ -176,47 +198,22 @@ static phase_times time_stream(const pa_kernels *k, const kernel_case *c, size_t
       for (size_t h = 0; h < KV_HEADS; h++) {
         for (size_t j = 0; j < n; j++) {
           size_t offset = at + (j / 16) * block_bytes + (h * 16 + j % 16) * row_bytes;
-          k_rows[h * n + j] = key + offset;
-          v_rows[h * n + j] = value + offset;
+          st.k_rows[h * n + j] = key + offset;
+          st.v_rows[h * n + j] = value + offset;
         }
       }
       range_start[0] = key + at + tile_bytes;
       range_start[1] = value + at + tile_bytes;
       pa_prefetch ahead = {.start = range_start, .bytes = range_bytes};
       ahead.count = tile + 1 < tiles ? 2 : 0;
-      double t0 = pab_now();
-      for (size_t h = 0; h < KV_HEADS; h++) {
-        pa_prefetch_begin(&ahead, budget);
-        ops->qk(ROWS, n, d, q + h * ROWS * ldq * ops->q_size, ldq, k_rows + h * n,
-                s + h * ROWS * LDS, LDS, &ahead);
-      }
-      double t1 = pab_now();
-      pa_softmax_tile softmax = {.m = rows,
-                                 .n = n,
-                                 .score_scale = ops->scale_scores ? 0.1f : 1.0f,
-                                 .row_max = row_max,
-                                 .row_sum = row_sum,
-                                 .rescale = rescale,
-                                 .bf16_weights = ops->q_size == 2};
-      k->softmax(&softmax, s, LDS);
-      double t2 = pab_now();
-      for (size_t h = 0; h < KV_HEADS; h++) {
-        pa_prefetch_begin(&ahead, budget);
-        ops->pv(ROWS, n, d, s + h * ROWS * LDS, LDS, v_rows + h * n, o + h * ROWS * d, d,
-                rescale + h * ROWS, &ahead);
-      }
-      double t3 = pab_now();
-      t.qk += t1 - t0;
-      t.softmax += t2 - t1;
-      t.pv += t3 - t2;
+      run_tile(&st, &ahead, call_budget(2 * tile_bytes), &t);
     }
     if (pass == 0 || t.qk + t.softmax + t.pv < best.qk + best.softmax + best.pv) best = t;
   }
   *keys = (double)tiles * (double)n;
   pab_big_free(key);
   pab_big_free(value);
-  free(q_f32), free(q), free(s), free(o), free(row_max), free(row_sum), free(rescale);
-  free(k_rows), free(v_rows);
+  tile_state_free(&st);
   return best;
 }
 
