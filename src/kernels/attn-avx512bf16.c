@@ -1,15 +1,15 @@
 /* Attention micro-kernels with AVX512-BF16 dot products (vdpbf16ps), for
- * bf16 activations over bf16 and FP8 caches: those values are exactly bf16,
- * so Q K^T loses nothing (exact products, f32 sums) and half the
- * instructions of the f32 path go away. P is rounded to bf16 for the P V
- * product, as FlashAttention does on GPUs.
+ * bf16 activations over bf16 caches: Q K^T loses nothing (exact products,
+ * f32 sums) and half the instructions of the f32 path go away. P is rounded
+ * to bf16 for the P V product, as FlashAttention does on GPUs. FP8 caches
+ * have kernels of their own (attn-fp8-avx512bf16.c); this file keeps the
+ * FP8 tables that they and the packed kernels share.
  *
  * Q stays raw bf16 (the score factor is applied in the softmax). For P V,
  * two keys' V rows are interleaved word by word (vpunpck{l,h}wd), which
  * leaves the output columns permuted within each 32-column chunk; O is
  * permuted on load and back on store, once per call. */
 #include <pthread.h>
-#include <string.h>
 
 #include "avx512bf16-common.h"
 #include "codecs.h"
@@ -198,28 +198,13 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
   }
 
 PA_DEFINE_QK_PV(bf16, load_bf16x32, 2, NULL)
-PA_DEFINE_QK_PV(e4m3, load_fp8x32, 1, pa_e4m3_bf16)
-PA_DEFINE_QK_PV(e5m2, load_fp8x32, 1, pa_e5m2_bf16)
-
-/* Q is used as stored: the score factor goes to the softmax. */
-static void load_q_raw(void *dst, const void *src, size_t n, float factor) {
-  (void)factor;
-  memcpy(dst, src, n * sizeof(uint16_t));
-}
 
 void pa_attn_kernels_avx512bf16(pa_kernels *k) {
   pa_bf16_tables_init();
-  static const pa_qk_fn qk_fns[PA_NUM_DTYPES] = {
-      [PA_BF16] = qk_bf16, [PA_FP8_E4M3] = qk_e4m3, [PA_FP8_E5M2] = qk_e5m2};
-  static const pa_pv_fn pv_fns[PA_NUM_DTYPES] = {
-      [PA_BF16] = pv_bf16, [PA_FP8_E4M3] = pv_e4m3, [PA_FP8_E5M2] = pv_e5m2};
-  for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
-    if (!qk_fns[cache]) continue;
-    pa_attn_ops *ops = &k->attn[PA_BF16][cache];
-    ops->load_q = load_q_raw;
-    ops->q_size = 2;
-    ops->scale_scores = 1;
-    ops->qk = qk_fns[cache];
-    ops->pv = pv_fns[cache];
-  }
+  pa_attn_ops *ops = &k->attn[PA_BF16][PA_BF16];
+  ops->load_q = pa_load_q_bf16;
+  ops->q_size = 2;
+  ops->scale_scores = 1;
+  ops->qk = qk_bf16;
+  ops->pv = pv_bf16;
 }

@@ -360,8 +360,10 @@ void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
   const pa_dtype caches[2] = {PA_FP8_E4M3, PA_FP8_E5M2};
   for (int i = 0; i < 2; i++) {
     pa_attn_ops *ops = &k->attn[PA_BF16][caches[i]];
-    ops->load_q_packed = ops->load_q; /* the packed kernels want Q as it is */
     ops->load_q = load_q_grouped;
+    ops->load_q_packed = pa_load_q_bf16; /* the packed kernels want Q as it is */
+    ops->q_size = 2;
+    ops->scale_scores = 1;
     ops->qk = qk_fns[i];
     ops->pv = pv_fns[i];
     ops = &k->attn[PA_F16][caches[i]];

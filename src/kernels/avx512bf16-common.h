@@ -4,6 +4,8 @@
 #ifndef PA_KERNELS_AVX512BF16_COMMON_H
 #define PA_KERNELS_AVX512BF16_COMMON_H
 
+#include <string.h>
+
 #include "avx512-common.h"
 #include "kernels.h"
 
@@ -46,6 +48,13 @@ PA_INLINE __m512i load_fp8x32(const void *p, __mmask32 m, const pa_bf16_tables *
 }
 
 typedef __m512i (*pa_bf16_loader)(const void *, __mmask32, const pa_bf16_tables *);
+
+/* bf16 Q as it is stored, for the kernels that take it so (the score factor
+ * goes to the softmax instead). */
+static inline void pa_load_q_bf16(void *dst, const void *src, size_t n, float factor) {
+  (void)factor;
+  memcpy(dst, src, n * sizeof(uint16_t));
+}
 
 PA_INLINE __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
