@@ -35,8 +35,7 @@ void pa_bf16_tables_init(void) { pthread_once(&pa_tables_once, build_tables); }
  * is false at compile time or costs a test, moved within +-1.2). */
 PA_INLINE int qk_steps_per_chunk(size_t d) { return d > 128; }
 
-PA_INLINE void qk_block(const int rows, const int keys, pa_bf16_loader load, size_t elem,
-                        const pa_bf16_tables *tables, size_t d, const uint16_t *q, size_t ldq,
+PA_INLINE void qk_block(const int rows, const int keys, size_t d, const uint16_t *q, size_t ldq,
                         const void *const *k, float *s, size_t lds, size_t keys_valid,
                         pa_prefetch *prefetch, size_t done) {
   __m512 acc[16];
@@ -45,19 +44,17 @@ PA_INLINE void qk_block(const int rows, const int keys, pa_bf16_loader load, siz
     if (qk_steps_per_chunk(d)) pa_prefetch_step(prefetch, done + (c / 32 + 1) * (size_t)keys);
     __mmask32 m = tail_mask32(d - c);
     __m512i qv[4];
-    for (int r = 0; r < rows; r++) qv[r] = load_bf16x32(q + r * ldq + c, m, tables);
+    for (int r = 0; r < rows; r++) qv[r] = load_bf16x32(q + r * ldq + c, m, NULL);
     for (int j = 0; j < keys; j++) {
-      __m512i kv = load((const char *)k[j] + c * elem, m, tables);
+      __m512i kv = load_bf16x32((const uint16_t *)k[j] + c, m, NULL);
       for (int r = 0; r < rows; r++) acc[r * keys + j] = dot(acc[r * keys + j], qv[r], kv);
     }
   });
   pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
 }
 
-PA_INLINE void qk_rows(const int rows, pa_bf16_loader load, size_t elem,
-                       const pa_bf16_tables *tables, size_t n, size_t d, const uint16_t *q,
-                       size_t ldq, const void *const *k_rows, float *s, size_t lds,
-                       pa_prefetch *prefetch) {
+PA_INLINE void qk_rows(const int rows, size_t n, size_t d, const uint16_t *q, size_t ldq,
+                       const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
   const int keys = 16 / rows;
   const size_t chunks = (d + 31) / 32;
   for (size_t j = 0; j < n; j += (size_t)keys) {
@@ -65,16 +62,15 @@ PA_INLINE void qk_rows(const int rows, pa_bf16_loader load, size_t elem,
     if (!qk_steps_per_chunk(d)) pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
-    qk_block(rows, keys, load, elem, tables, d, q, ldq, k, s + j, lds, valid, prefetch, j * chunks);
+    qk_block(rows, keys, d, q, ldq, k, s + j, lds, valid, prefetch, j * chunks);
   }
 }
 
-PA_INLINE void qk(pa_bf16_loader load, size_t elem, const uint16_t *table, size_t m, size_t n,
-                  size_t d, const uint16_t *q, size_t ldq, const void *const *k_rows, float *s,
-                  size_t lds, pa_prefetch *prefetch) {
-  pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
+static void qk_bf16(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                    const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
+  const uint16_t *q = q_rows;
 #define QK_GROUP(rows, i) \
-  qk_rows(rows, load, elem, &tables, n, width, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+  qk_rows(rows, n, width, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
   /* A group's loop counts its steps in keys, or in key x chunk (see qk_steps_per_chunk). */
   size_t steps = qk_steps_per_chunk(d) ? n * ((d + 31) / 32) : n;
   PA_WITH_HEAD_SIZE(d, width, PA_ROW_GROUPS(prefetch, m, steps, QK_GROUP));
@@ -90,8 +86,7 @@ static const int32_t pa_from_1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 
 
 /* O[0..rows)[c0 .. c0 + 32 chunks) += P V over n <= 64 keys whose P rows
  * are already bf16 pairs. */
-PA_INLINE void pv_block(const int rows, const int chunks, pa_bf16_loader load, size_t elem,
-                        const pa_bf16_tables *tables, size_t n, size_t c0, size_t d,
+PA_INLINE void pv_block(const int rows, const int chunks, size_t n, size_t c0, size_t d,
                         const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const void *const *v_rows,
                         float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   const __m512i to_low = _mm512_loadu_si512(pa_to_low), to_high = _mm512_loadu_si512(pa_to_high);
@@ -112,12 +107,12 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa_bf16_loader load, s
   }
   for (size_t j = 0; j < n; j += 2) {
     pa_prefetch_step(prefetch, j + 2);
-    const char *va = (const char *)v_rows[j] + c0 * elem;
-    const char *vb = j + 1 < n ? (const char *)v_rows[j + 1] + c0 * elem : NULL;
+    const uint16_t *va = (const uint16_t *)v_rows[j] + c0;
+    const uint16_t *vb = j + 1 < n ? (const uint16_t *)v_rows[j + 1] + c0 : NULL;
     __m512i lo_v[4], hi_v[4];
     for (int c = 0; c < chunks; c++) {
-      __m512i a = load(va + 32 * (size_t)c * elem, mask[c], tables);
-      __m512i b = vb ? load(vb + 32 * (size_t)c * elem, mask[c], tables) : _mm512_setzero_si512();
+      __m512i a = load_bf16x32(va + 32 * c, mask[c], NULL);
+      __m512i b = vb ? load_bf16x32(vb + 32 * c, mask[c], NULL) : _mm512_setzero_si512();
       lo_v[c] = _mm512_unpacklo_epi16(a, b);
       hi_v[c] = _mm512_unpackhi_epi16(a, b);
     }
@@ -143,10 +138,9 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa_bf16_loader load, s
   }
 }
 
-PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_t m, size_t n,
-                  size_t d, const float *p, size_t ldp, const void *const *v_rows, float *o,
-                  size_t ldo, const float *rescale, pa_prefetch *prefetch) {
-  pa_bf16_tables tables = table ? load_tables(table) : (pa_bf16_tables){0};
+static void pv_bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                    const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                    pa_prefetch *prefetch) {
   uint32_t pairs[4][PA_PAIR_KEYS / 2];
   /* The budget is spread over the key x row x column products. */
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
@@ -160,8 +154,8 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
       for (size_t c0 = 0; c0 < d; c0 += 64) {
         pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 4 * c0),
                          count * 4 * PA_MIN(d - c0, 64), n * m * d, count);
-        pv_block(4, 2, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 pa_rescale_from(scales, i), prefetch);
+        pv_block(4, 2, count, c0, d, pairs, v, o + i * ldo, ldo, pa_rescale_from(scales, i),
+                 prefetch);
       }
     }
     for (; i + 2 <= m; i += 2) {
@@ -169,8 +163,8 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
       for (size_t c0 = 0; c0 < d; c0 += 128) {
         pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 2 * c0),
                          count * 2 * PA_MIN(d - c0, 128), n * m * d, count);
-        pv_block(2, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 pa_rescale_from(scales, i), prefetch);
+        pv_block(2, 4, count, c0, d, pairs, v, o + i * ldo, ldo, pa_rescale_from(scales, i),
+                 prefetch);
       }
     }
     for (; i < m; i++) {
@@ -178,29 +172,14 @@ PA_INLINE void pv(pa_bf16_loader load, size_t elem, const uint16_t *table, size_
       for (size_t c0 = 0; c0 < d; c0 += 128) {
         pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 1 * c0),
                          count * 1 * PA_MIN(d - c0, 128), n * m * d, count);
-        pv_block(1, 4, load, elem, &tables, count, c0, d, pairs, v, o + i * ldo, ldo,
-                 pa_rescale_from(scales, i), prefetch);
+        pv_block(1, 4, count, c0, d, pairs, v, o + i * ldo, ldo, pa_rescale_from(scales, i),
+                 prefetch);
       }
     }
   }
 }
 
-#define PA_DEFINE_QK_PV(suffix, loader, elem, table)                                             \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
-                          const void *const *k_rows, float *s, size_t lds,                       \
-                          pa_prefetch *prefetch) {                                               \
-    qk(loader, elem, table, m, n, d, q, ldq, k_rows, s, lds, prefetch);                          \
-  }                                                                                              \
-  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
-                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
-                          pa_prefetch *prefetch) {                                               \
-    pv(loader, elem, table, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                 \
-  }
-
-PA_DEFINE_QK_PV(bf16, load_bf16x32, 2, NULL)
-
 void pa_attn_kernels_avx512bf16(pa_kernels *k) {
-  pa_bf16_tables_init();
   pa_attn_ops *ops = &k->attn[PA_BF16][PA_BF16];
   ops->load_q = pa_load_q_bf16;
   ops->q_size = 2;
