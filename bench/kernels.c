@@ -89,6 +89,14 @@ static tile_state tile_state_new(const pa_kernels *k, const kernel_case *c) {
   return st;
 }
 
+/* Every row's softmax starts afresh (no key seen). */
+static void tile_state_restart(tile_state *st) {
+  for (size_t r = 0; r < (size_t)KV_HEADS * ROWS; r++) {
+    st->row_max[r] = -INFINITY;
+    st->row_sum[r] = 0.0f;
+  }
+}
+
 static void tile_state_free(tile_state *st) {
   free(st->q), free(st->s), free(st->o), free(st->row_max), free(st->row_sum), free(st->rescale);
   free(st->k_rows), free(st->v_rows);
@@ -157,10 +165,7 @@ static phase_times time_tile(const pa_kernels *k, const kernel_case *c, prefetch
       range_start[0] = target->base + target->at;
       target->at += range_bytes[0];
     }
-    for (size_t r = 0; r < (size_t)KV_HEADS * ROWS; r++) {
-      st.row_max[r] = -INFINITY;
-      st.row_sum[r] = 0.0f;
-    }
+    tile_state_restart(&st);
     run_tile(&st, target ? &ahead : NULL, call_budget(2 * tile_bytes), rep >= 0 ? &t : &warm_up);
   }
   pab_big_free(kv);
@@ -184,10 +189,7 @@ static phase_times time_stream(const pa_kernels *k, const kernel_case *c, size_t
   if (!key || !value) pab_die("out of memory for the streamed cache");
   memset(key, 0x11, region); /* small values of every dtype */
   memset(value, 0x11, region);
-  for (size_t r = 0; r < (size_t)KV_HEADS * ROWS; r++) {
-    st.row_max[r] = -INFINITY;
-    st.row_sum[r] = 0.0f;
-  }
+  tile_state_restart(&st);
   const char *range_start[2];
   size_t range_bytes[2] = {tile_bytes, tile_bytes};
   phase_times best = {0, 0, 0};
@@ -215,6 +217,15 @@ static phase_times time_stream(const pa_kernels *k, const kernel_case *c, size_t
   pab_big_free(value);
   tile_state_free(&st);
   return best;
+}
+
+/* One row of the table: the phases per key and KV head over `keys` keys of each KV head. */
+static void print_row(const kernel_case *c, const char *target, const phase_times *t, double keys,
+                      double memory_ns) {
+  double per = 1e9 / (keys * KV_HEADS), total = (t->qk + t->softmax + t->pv) * per;
+  printf("%-11s %4zu %4zu %-8s %7.2f %7.2f %7.2f %7.2f %7.2f %9.2f\n", c->name, c->head_size,
+         c->keys, target, t->qk * per, t->softmax * per, t->pv * per, total, memory_ns,
+         total / memory_ns);
 }
 
 static void usage(FILE *f) {
@@ -297,19 +308,12 @@ int main(int argc, char **argv) {
                                : target == TARGET_CACHED ? &cached
                                                          : &far;
       phase_times t = time_tile(&k, c, where, reps);
-      double per = 1e9 / ((double)reps * KV_HEADS * (double)c->keys);
-      double total = (t.qk + t.softmax + t.pv) * per;
-      printf("%-11s %4zu %4zu %-8s %7.2f %7.2f %7.2f %7.2f %7.2f %9.2f\n", c->name, c->head_size,
-             c->keys, target_names[target], t.qk * per, t.softmax * per, t.pv * per, total,
-             memory_ns, total / memory_ns);
+      print_row(c, target_names[target], &t, (double)reps * (double)c->keys, memory_ns);
     }
     double keys = 0;
     phase_times t =
         time_stream(&k, c, quick ? (size_t)16 << 20 : (size_t)512 << 20, quick ? 1 : 5, &keys);
-    double per = 1e9 / (keys * KV_HEADS), total = (t.qk + t.softmax + t.pv) * per;
-    printf("%-11s %4zu %4zu %-8s %7.2f %7.2f %7.2f %7.2f %7.2f %9.2f\n", c->name, c->head_size,
-           c->keys, "stream", t.qk * per, t.softmax * per, t.pv * per, total, memory_ns,
-           total / memory_ns);
+    print_row(c, "stream", &t, keys, memory_ns);
   }
   pab_big_free(cached.base);
   pab_big_free(far.base);
