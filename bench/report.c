@@ -65,7 +65,8 @@ static void header_table(const pab_header *h) {
   }
   fputs(
       "%roof: bw = KV GB/s over read GB/s (decode); fma|bf16 = GFLOP/s over that peak\n"
-      "  (prefill, encoder); max = max(bytes/bw, flops/peak) over the time (mixed).\n"
+      "  (prefill, encoder); max = max(bytes/bw, flops/peak) over the time (mixed,\n"
+      "  speculative decode).\n"
       "  DRAM decode rows use the larger of the table's read GB/s and one measured just\n"
       "  before the row (the bandwidth of a shared machine drifts over a run).\n"
       "mem: where a decode row's K/V come from on each call (L2/L3 when they fit and are\n"

@@ -70,8 +70,15 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
 }
 
 /* Items with at least this many rows per KV head pack each K/V tile once
- * for all of them; fewer rows read the cache rows directly. */
-enum { PA_PACKED_MIN_ROWS = 16 };
+ * for all of them; fewer rows read the cache rows directly. Speculative
+ * decoding (q_len up to 16, 4 query heads per KV head: 4-64 rows) reads its
+ * K/V from DRAM, where the direct kernels' requests, spread over their
+ * loops, keep up and a packed tile's do not: 1 x 2048 keys, 1 thread,
+ * bf16, us per call packed -> direct: q_len 4 (16 rows) 780 -> 585, 8 (32
+ * rows) 1120 -> 1028, 16 (64 rows) 1749-1821 -> 1924-1938; q_len 4 with
+ * f16 1227 -> 785, FP8 E4M3 592-685 -> 492, f32 1693-1749 -> 873-880
+ * (docs/decode-memory.md). */
+enum { PA_PACKED_MIN_ROWS = 64 };
 
 static int item_is_packed(const pa_plan_item *item) {
   return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin) >= PA_PACKED_MIN_ROWS;

@@ -14,9 +14,11 @@
 
 #include "harness.h"
 
-enum { NH = 4, NKV = 2, HS = 72, WIDTH = NH * HS, KW = NKV * HS, BS = 16, NB = 12, NSEQ = 2 };
-enum { ROWS = 10, KEYS = 70, QSTRIDE = WIDTH + 1, OSTRIDE = WIDTH + 3, KSTRIDE = KW + 1 };
-static const int32_t g_q[NSEQ] = {1, 9}, g_k[NSEQ] = {40, 30};
+enum { NH = 4, NKV = 2, HS = 72, WIDTH = NH * HS, KW = NKV * HS, BS = 16, NB = 12, NSEQ = 3 };
+enum { ROWS = 43, KEYS = 106, QSTRIDE = WIDTH + 1, OSTRIDE = WIDTH + 3, KSTRIDE = KW + 1 };
+/* A decode, a speculative decode (both read the cache rows directly) and a
+ * prompt chunk of 66 rows per KV head (packed tiles). */
+static const int32_t g_q[NSEQ] = {1, 9, 33}, g_k[NSEQ] = {40, 30, 36};
 
 static pa_context *g_ctx[2];
 
