@@ -69,19 +69,11 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
   if (lse) *lse = top * PA_LN2 + logf(total);
 }
 
-/* Items with at least this many rows per KV head pack each K/V tile once
- * for all of them; fewer rows read the cache rows directly. Speculative
- * decoding (q_len up to 16, 4 query heads per KV head: 4-64 rows) reads its
- * K/V from DRAM, where the direct kernels' requests, spread over their
- * loops, keep up and a packed tile's do not: 1 x 2048 keys, 1 thread,
- * bf16, us per call packed -> direct: q_len 4 (16 rows) 780 -> 585, 8 (32
- * rows) 1120 -> 1028, 16 (64 rows) 1749-1821 -> 1924-1938; q_len 4 with
- * f16 1227 -> 785, FP8 E4M3 592-685 -> 492, f32 1693-1749 -> 873-880
- * (docs/decode-memory.md). */
-enum { PA_PACKED_MIN_ROWS = 64 };
-
-static int item_is_packed(const pa_plan_item *item) {
-  return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin) >= PA_PACKED_MIN_ROWS;
+/* Items with at least the dtype pair's packed_min_rows rows per KV head
+ * pack each K/V tile once for all of them; fewer rows read the cache rows
+ * directly (see pa_attn_ops). */
+static int item_is_packed(const pa_attention_call *c, const pa_plan_item *item) {
+  return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin) >= c->ops->packed_min_rows;
 }
 
 /* Q rows in scratch: d elements rounded up to 64 (see pa_attn_ops). */
@@ -137,7 +129,7 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
   int64_t q_start = plan->q_starts[item->seq];
   int64_t q_len = plan->q_starts[item->seq + 1] - q_start, k_len = plan->kv_lens[item->seq];
   size_t m = pa_item_rows(item);
-  pa_load_row_fn load_q = item_is_packed(item) ? c->ops->load_q_packed : c->ops->load_q;
+  pa_load_row_fn load_q = item_is_packed(c, item) ? c->ops->load_q_packed : c->ops->load_q;
   *lo = INT64_MAX;
   *hi = INT64_MIN;
   for (size_t i = 0; i < m; i++) {
@@ -271,21 +263,19 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     lines += (ahead->bytes[r] + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
   size_t budget = (lines + 2 * kv_count - 1) / (2 * kv_count); /* per kernel call */
 
-  if (item_is_packed(item)) { /* compute-bound: one burst of requests per call is fine */
+  if (item_is_packed(c, item)) {
     for (size_t kv = 0; kv < kv_count; kv++) {
       size_t r0 = kv * m_kv;
       const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
       float *scores = s->s + r0 * tile;
-      pa_prefetch_begin(ahead, budget);
-      pa_prefetch_step(ahead, 1);
       c->ops->pack_k(s->k_packed, head_rows(c, k_rows, n, kv, spare[kv & 1][0]), n, d);
       c->ops->pack_v(s->v_packed, head_rows(c, v_rows, n, kv, spare[kv & 1][1]), n, d);
-      c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile);
+      pa_prefetch_begin(ahead, budget);
+      c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile, ahead);
       softmax_rows(c, s, first, n, r0, m_kv, all_visible);
       pa_prefetch_begin(ahead, budget);
-      pa_prefetch_step(ahead, 1);
       c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, s->o + r0 * s->ldo, s->ldo,
-                        s->rescale + r0);
+                        s->rescale + r0, ahead);
     }
     return;
   }
@@ -335,7 +325,7 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   int64_t lo, hi;
   size_t m = load_queries(c, item, &s, &lo, &hi);
   int64_t keys = hi > lo ? hi - lo : 0; /* lo > hi when no row sees a key */
-  size_t tile = item_is_packed(item) ? lds_tile : direct_tile(&c->kv, keys, lds_tile);
+  size_t tile = item_is_packed(c, item) ? lds_tile : direct_tile(&c->kv, keys, lds_tile);
   float *partial = NULL; /* a split's O, max and sum per row, for merge_rows */
   if (item->split >= 0) {
     const pa_split_group *g = &c->plan->groups[item->split_group];

@@ -90,6 +90,7 @@ void pa_kernels_build(pa_isa isa, pa_kernels *kernels) {
         ops->pv = kernels->pv[cache];
       }
       if (!ops->load_q_packed) ops->load_q_packed = ops->load_q;
+      if (!ops->packed_min_rows) ops->packed_min_rows = kernels->packed_min_rows;
       if (!ops->qk_packed) {
         ops->pack_k = kernels->pack_k[cache];
         ops->pack_v = kernels->pack_v[cache];

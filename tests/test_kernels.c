@@ -378,7 +378,9 @@ static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *r
 /* ------------------------------------------------------------------------ */
 
 /* Packed tiles: each family packs in its own layout, so compare the
- * results of pack + qk_packed and pack + pv_packed with the scalar ones. */
+ * results of pack + qk_packed and pack + pv_packed with the scalar ones.
+ * The vector kernels also spend a prefetch budget (the scalar ones leave
+ * prefetching to the hardware). */
 static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act, pa_dtype cache,
                         tu_rng *rng) {
   for (size_t di = 0; di < COUNT(g_heads); di++) {
@@ -404,8 +406,11 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
     }
     k->pack_k(kp, kr.ptr, n, d);
     s->pack_k(sp, kr.ptr, n, d);
-    k->qk_packed(m, n, d, q_k, ldq, kp, got, lds);
-    s->qk_packed(m, n, d, q_s, ldq, sp, want, lds);
+    prefetch_probe probe;
+    prefetch_probe_init(&probe, rng);
+    k->qk_packed(m, n, d, q_k, ldq, kp, got, lds, &probe.p);
+    check_prefetch_spent(&probe, "qk_packed", m, n, d);
+    s->qk_packed(m, n, d, q_s, ldq, sp, want, lds, NULL);
     for (size_t i = 0; i < m; i++) {
       for (size_t j = 0; j < n; j++) {
         double scale = qk_scale(act, (char *)q_act + i * ldq * act_size, cache, kr.ptr[j], d);
@@ -426,8 +431,10 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
     }
     k->pack_v(kp, vr.ptr, n, d);
     s->pack_v(sp, vr.ptr, n, d);
-    k->pv_packed(m, n, d, got, lds, kp, o_got, ldo, rescale);
-    s->pv_packed(m, n, d, got, lds, sp, o_want, ldo, rescale);
+    prefetch_probe_init(&probe, rng);
+    k->pv_packed(m, n, d, got, lds, kp, o_got, ldo, rescale, &probe.p);
+    check_prefetch_spent(&probe, "pv_packed", m, n, d);
+    s->pv_packed(m, n, d, got, lds, sp, o_want, ldo, rescale, NULL);
     for (size_t i = 0; i < m; i++) {
       for (size_t e = 0; e < ldo; e++) {
         double scale =

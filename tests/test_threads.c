@@ -40,7 +40,7 @@
 
 /* Sequence 1 is a whole 40-token prompt: where 2 or 4 query heads share a
  * KV head it has an item of 64 or more rows per KV head, which takes the
- * packed tiles; every other item reads the cache rows directly. */
+ * packed tiles in every dtype pair; the decodes read the cache rows. */
 enum { NSEQ = 3, BS = 16, NB = 64, NEW_TOKENS = 64 + 41, NPAIRS = 3 };
 static const int32_t g_q_lens[NSEQ] = {1, 40, 1}, g_seq_lens[NSEQ] = {700, 40, 90};
 

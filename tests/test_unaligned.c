@@ -16,8 +16,9 @@
 
 enum { NH = 4, NKV = 2, HS = 72, WIDTH = NH * HS, KW = NKV * HS, BS = 16, NB = 12, NSEQ = 3 };
 enum { ROWS = 43, KEYS = 106, QSTRIDE = WIDTH + 1, OSTRIDE = WIDTH + 3, KSTRIDE = KW + 1 };
-/* A decode, a speculative decode (both read the cache rows directly) and a
- * prompt chunk of 66 rows per KV head (packed tiles). */
+/* A decode (4 rows per KV head: the cache rows read directly), a
+ * speculative decode (18: directly or packed, as the dtype pair's
+ * packed_min_rows says) and a prompt chunk (66: packed tiles). */
 static const int32_t g_q[NSEQ] = {1, 9, 33}, g_k[NSEQ] = {40, 30, 36};
 
 static pa_context *g_ctx[2];

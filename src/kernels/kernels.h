@@ -106,12 +106,14 @@ static inline size_t pa_packed_bytes(size_t d) {
 /* Packs rows[0..n) (n <= PA_PACK_KEYS rows of d cache-dtype elements). */
 typedef void (*pa_pack_fn)(void *dst, const void *const *rows, size_t n, size_t d);
 /* S[i][j] = dot(Q[i], K[j]) over a packed K tile (columns up to n rounded up
- * to 64 are written; those past n hold zeros' dot products). */
+ * to 64 are written; those past n hold zeros' dot products). Like the
+ * direct kernels, these spend `prefetch` (NULL: nothing) over their loops. */
 typedef void (*pa_qk_packed_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
-                                const void *k_packed, float *s, size_t lds);
+                                const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch);
 /* O[i][:] = O[i][:] * rescale[i] + sum_j P[i][j] V[j][:] over a packed V tile. */
 typedef void (*pa_pv_packed_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                                const void *v_packed, float *o, size_t ldo, const float *rescale);
+                                const void *v_packed, float *o, size_t ldo, const float *rescale,
+                                pa_prefetch *prefetch);
 
 /* The kernels attention runs for one (activation, cache) dtype pair. Q rows
  * sit in scratch with a stride of d rounded up to 64 elements; Q is loaded
@@ -130,6 +132,11 @@ typedef struct pa_attn_ops {
   pa_pack_fn pack_v;
   pa_qk_packed_fn qk_packed;
   pa_pv_packed_fn pv_packed;
+  /* Items with this many query rows per KV head or more (a prompt chunk,
+   * a long speculative decode) take the packed kernels: where they start to
+   * beat the direct ones from DRAM (the family's f32 figure unless the pair
+   * sets its own; docs/decode-memory.md). */
+  size_t packed_min_rows;
 } pa_attn_ops;
 
 typedef struct pa_kernels {
@@ -145,6 +152,7 @@ typedef struct pa_kernels {
   pa_pack_fn pack_v[PA_NUM_DTYPES];
   pa_qk_packed_fn qk_packed;
   pa_pv_packed_fn pv_packed;
+  size_t packed_min_rows; /* for pa_attn_ops, set with qk_packed */
   /* By activation and cache dtype; entries no family sets get the f32
    * path: load_row[act], qk[cache], pv[cache], pack_*[cache], *_packed. */
   pa_attn_ops attn[PA_NUM_ACT_DTYPES][PA_NUM_DTYPES];

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "avx512bf16-common.h"
+#include "prefetch.h"
 
 /* K^T as pairs: each K row is d/2 pairs; transposing the (keys x pairs)
  * matrix of 32-bit elements puts 16 keys' pair e next to each other. */
@@ -77,10 +78,13 @@ PA_INLINE uint32_t pair_at(const uint16_t *p) {
 }
 
 /* rows x 64 scores over the pairs [0, pairs) of Q's rows (element stride
- * ldq): one broadcast of row r's pair e, four K^T loads per step. */
+ * ldq): one broadcast of row r's pair e, four K^T loads per step. The
+ * block's loop counts its pairs from `counted` (for its requests). */
 PA_INLINE void qk_packed_pairs(const int rows, size_t pairs, const uint16_t *q, size_t ldq,
-                               const uint32_t *kt, __m512 acc[6][4]) {
+                               const uint32_t *kt, __m512 acc[6][4], pa_prefetch *prefetch,
+                               size_t counted) {
   for (size_t e = 0; e < pairs; e++) {
+    pa_prefetch_packed(prefetch, counted + e);
     const uint32_t *k = kt + e * PA_PACK_KEYS;
     __m512i k0 = _mm512_loadu_si512(k), k1 = _mm512_loadu_si512(k + 16);
     __m512i k2 = _mm512_loadu_si512(k + 32), k3 = _mm512_loadu_si512(k + 48);
@@ -94,20 +98,23 @@ PA_INLINE void qk_packed_pairs(const int rows, size_t pairs, const uint16_t *q, 
   }
 }
 
-PA_INLINE void qk_packed_block(const int rows, size_t d, const uint16_t *q, size_t ldq,
-                               const uint32_t *kt, float *s, size_t lds) {
+/* The block is units [first, first + rows * keys) of the call's `total`. */
+PA_INLINE void qk_packed_block(const int rows, size_t keys, size_t d, const uint16_t *q, size_t ldq,
+                               const uint32_t *kt, float *s, size_t lds, pa_prefetch *prefetch,
+                               size_t first, size_t total) {
+  pa_prefetch_span(prefetch, first, (size_t)rows * keys, total, pa_packed_steps((d + 1) / 2));
   __m512 acc[6][4];
   for (int r = 0; r < rows; r++) {
     for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
   }
-  qk_packed_pairs(rows, d / 2, q, ldq, kt, acc);
+  qk_packed_pairs(rows, d / 2, q, ldq, kt, acc, prefetch, 0);
   if (d % 2) { /* an odd row's last element pairs with zero, not with what follows */
     uint16_t last[6][2];
     for (int r = 0; r < rows; r++) {
       last[r][0] = q[r * ldq + d - 1];
       last[r][1] = 0;
     }
-    qk_packed_pairs(rows, 1, &last[0][0], 2, kt + (d / 2) * PA_PACK_KEYS, acc);
+    qk_packed_pairs(rows, 1, &last[0][0], 2, kt + (d / 2) * PA_PACK_KEYS, acc, prefetch, d / 2);
   }
   for (int r = 0; r < rows; r++) {
     for (int c = 0; c < 4; c++) _mm512_storeu_ps(s + r * lds + 16 * c, acc[r][c]);
@@ -115,25 +122,28 @@ PA_INLINE void qk_packed_block(const int rows, size_t d, const uint16_t *q, size
 }
 
 static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
-                      const void *k_packed, float *s, size_t lds) {
+                      const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch) {
   const uint16_t *q = q_rows;
   const uint32_t *kt = k_packed;
-  /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. */
+  /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. The requests are
+   * spread over the row x key products. */
   for (size_t k0 = 0; k0 < n; k0 += 64) {
-    size_t i = 0;
-    for (; i + 6 <= m; i += 6)
-      qk_packed_block(6, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
-    for (; i + 4 <= m; i += 4)
-      qk_packed_block(4, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
-    for (; i + 2 <= m; i += 2)
-      qk_packed_block(2, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
-    for (; i < m; i++) qk_packed_block(1, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds);
+    size_t keys = PA_MIN(n - k0, 64), i = 0;
+#define QK_BLOCK(rows)                                                                       \
+  qk_packed_block(rows, keys, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds, prefetch, \
+                  k0 * m + i * keys, m * n)
+    for (; i + 6 <= m; i += 6) QK_BLOCK(6);
+    for (; i + 4 <= m; i += 4) QK_BLOCK(4);
+    for (; i + 2 <= m; i += 2) QK_BLOCK(2);
+    for (; i < m; i++) QK_BLOCK(1);
+#undef QK_BLOCK
   }
 }
 
 PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
                                const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const uint32_t *v,
-                               size_t ldv, float *o, size_t ldo, const float *rescale) {
+                               size_t ldv, float *o, size_t ldo, const float *rescale,
+                               pa_prefetch *prefetch) {
   /* Full loads up to d (rows are padded to 16); see prefill-avx512.c. */
   __mmask16 mask[4];
   size_t off[4];
@@ -147,6 +157,7 @@ PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
                                pa512_row_scale(rescale, r));
   }
   for (size_t j = 0; j < n; j += 2) {
+    pa_prefetch_packed(prefetch, j); /* j even: every PA_PACKED_STEP keys */
     const uint32_t *vj = v + (j / 2) * ldv + c0;
     __m512i v0 = _mm512_loadu_si512(vj + off[0]), v1 = _mm512_loadu_si512(vj + off[1]);
     __m512i v2 = _mm512_loadu_si512(vj + off[2]), v3 = _mm512_loadu_si512(vj + off[3]);
@@ -164,34 +175,42 @@ PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
   }
 }
 
-PA_INLINE void pv_packed_rows(const int rows, size_t n, size_t d, const float *p, size_t ldp,
-                              const uint32_t *v, size_t ldv, float *o, size_t ldo,
-                              const float *rescale) {
+/* Rows [i, i + rows) of m: units [i d, (i + rows) d) of the row x column
+ * products over which the requests are spread. */
+PA_INLINE void pv_packed_rows(const int rows, size_t i, size_t m, size_t n, size_t d,
+                              const float *p, size_t ldp, const uint32_t *v, size_t ldv, float *o,
+                              size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   uint32_t pairs[6][PA_PAIR_KEYS / 2];
   pack_pairs(rows, n, p, ldp, pairs);
-  for (size_t c0 = 0; c0 < d; c0 += 64)
-    pv_packed_block(rows, n, c0, d, pairs, v, ldv, o, ldo, rescale);
+  for (size_t c0 = 0; c0 < d; c0 += 64) {
+    pa_prefetch_span(prefetch, i * d + (size_t)rows * c0, (size_t)rows * PA_MIN(d - c0, 64), m * d,
+                     pa_packed_steps(n));
+    pv_packed_block(rows, n, c0, d, pairs, v, ldv, o, ldo, rescale, prefetch);
+  }
 }
 
 static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo, const float *rescale) {
+                      const void *v_packed, float *o, size_t ldo, const float *rescale,
+                      pa_prefetch *prefetch) {
   const uint32_t *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
   size_t i = 0;
-  for (; i + 6 <= m; i += 6)
-    pv_packed_rows(6, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
-                   pa_rescale_from(rescale, i));
-  for (; i + 4 <= m; i += 4)
-    pv_packed_rows(4, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
-                   pa_rescale_from(rescale, i));
-  for (; i + 2 <= m; i += 2)
-    pv_packed_rows(2, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
-                   pa_rescale_from(rescale, i));
-  for (; i < m; i++)
-    pv_packed_rows(1, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo,
-                   pa_rescale_from(rescale, i));
+#define PV_ROWS(rows)                                                          \
+  pv_packed_rows(rows, i, m, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo, \
+                 pa_rescale_from(rescale, i), prefetch)
+  for (; i + 6 <= m; i += 6) PV_ROWS(6);
+  for (; i + 4 <= m; i += 4) PV_ROWS(4);
+  for (; i + 2 <= m; i += 2) PV_ROWS(2);
+  for (; i < m; i++) PV_ROWS(1);
+#undef PV_ROWS
 }
 
+/* These packed kernels overtake the direct ones (whose Q K^T blocks end in a
+ * reduction) from 16 rows per KV head for bf16 caches and from 32 for FP8.
+ * 16x4096 decode from DRAM, 1 thread, us per call direct -> packed:
+ * speculative decoding of 4 tokens (16 rows) bf16 18138-18841 -> 16790-
+ * 17308, FP8 E4M3 15353-15473 -> 16125-16221; of 8 (32 rows) bf16
+ * 31768-32384 -> 27557-28935, E4M3 29453-30347 -> 27123-28505. */
 void pa_prefill_kernels_avx512bf16(pa_kernels *k) {
   pa_bf16_tables_init();
   static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {
@@ -205,5 +224,6 @@ void pa_prefill_kernels_avx512bf16(pa_kernels *k) {
     ops->pack_v = pack_v[cache];
     ops->qk_packed = qk_packed;
     ops->pv_packed = pv_packed;
+    ops->packed_min_rows = cache == PA_BF16 ? 16 : 32;
   }
 }

@@ -37,10 +37,12 @@ PA_DEFINE_PACK(bf16, PA_BF16)
 PA_DEFINE_PACK(e4m3, PA_FP8_E4M3)
 PA_DEFINE_PACK(e5m2, PA_FP8_E5M2)
 
+/* The scalar kernels leave prefetching to the hardware. */
 static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
-                      const void *k_packed, float *s, size_t lds) {
+                      const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch) {
   const float *q = q_rows, *kt = k_packed;
   (void)n;
+  (void)prefetch;
   for (size_t i = 0; i < m; i++) {
     for (size_t j = 0; j < PA_PACK_KEYS; j++) {
       float acc = 0.0f;
@@ -51,8 +53,10 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
 }
 
 static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo, const float *rescale) {
+                      const void *v_packed, float *o, size_t ldo, const float *rescale,
+                      pa_prefetch *prefetch) {
   const float *v = v_packed;
+  (void)prefetch;
   pa_rescale_rows_scalar(m, d, o, ldo, rescale);
   size_t ldv = v_stride(d);
   for (size_t i = 0; i < m; i++) {
@@ -68,4 +72,5 @@ void pa_prefill_kernels_scalar(pa_kernels *k) {
   PA_SET_PER_DTYPE(k->pack_v, pack_v);
   k->qk_packed = qk_packed;
   k->pv_packed = pv_packed;
+  k->packed_min_rows = 64; /* as the AVX-512 f32 kernels */
 }
