@@ -98,6 +98,17 @@ static inline size_t pa_packed_steps(size_t iterations) {
   return (iterations + PA_PACKED_STEP - 1) / PA_PACKED_STEP;
 }
 
+/* Rows [0, m) in the AVX-512 packed kernels' register blocks of 6, then 4,
+ * 2 and 1 rows: BLOCK(rows) runs the block that starts at row `row`. */
+#define PA_PACKED_ROW_BLOCKS(row, m, BLOCK)    \
+  do {                                         \
+    size_t row = 0;                            \
+    for (; row + 6 <= (m); row += 6) BLOCK(6); \
+    for (; row + 4 <= (m); row += 4) BLOCK(4); \
+    for (; row + 2 <= (m); row += 2) BLOCK(2); \
+    for (; row < (m); row++) BLOCK(1);         \
+  } while (0)
+
 /* Iteration i of a packed block's loop, which has pa_packed_steps steps. */
 static inline void pa_prefetch_packed(pa_prefetch *p, size_t i) {
   if (i % PA_PACKED_STEP == 0) pa_prefetch_step(p, i / PA_PACKED_STEP + 1);

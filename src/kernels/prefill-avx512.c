@@ -89,14 +89,11 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
   /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. The requests are
    * spread over the row x key products. */
   for (size_t k0 = 0; k0 < n; k0 += 64) {
-    size_t keys = PA_MIN(n - k0, 64), i = 0;
+    size_t keys = PA_MIN(n - k0, 64);
 #define QK_BLOCK(rows)                                                                \
   qk_block(rows, keys, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds, prefetch, \
            k0 * m + i * keys, m * n)
-    for (; i + 6 <= m; i += 6) QK_BLOCK(6);
-    for (; i + 4 <= m; i += 4) QK_BLOCK(4);
-    for (; i + 2 <= m; i += 2) QK_BLOCK(2);
-    for (; i < m; i++) QK_BLOCK(1);
+    PA_PACKED_ROW_BLOCKS(i, m, QK_BLOCK);
 #undef QK_BLOCK
   }
 }
@@ -146,14 +143,10 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
   size_t ldv = (d + 15) / 16 * 16;
   /* The requests are spread over the row x column products. */
   for (size_t c0 = 0; c0 < d; c0 += 64) {
-    size_t i = 0;
 #define PV_BLOCK(rows)                                                 \
   pv_block(rows, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo, \
            pa_rescale_from(rescale, i), prefetch, c0 * m + i * PA_MIN(d - c0, 64), m * d)
-    for (; i + 6 <= m; i += 6) PV_BLOCK(6);
-    for (; i + 4 <= m; i += 4) PV_BLOCK(4);
-    for (; i + 2 <= m; i += 2) PV_BLOCK(2);
-    for (; i < m; i++) PV_BLOCK(1);
+    PA_PACKED_ROW_BLOCKS(i, m, PV_BLOCK);
 #undef PV_BLOCK
   }
 }

@@ -128,14 +128,11 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
   /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. The requests are
    * spread over the row x key products. */
   for (size_t k0 = 0; k0 < n; k0 += 64) {
-    size_t keys = PA_MIN(n - k0, 64), i = 0;
+    size_t keys = PA_MIN(n - k0, 64);
 #define QK_BLOCK(rows)                                                                       \
   qk_packed_block(rows, keys, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds, prefetch, \
                   k0 * m + i * keys, m * n)
-    for (; i + 6 <= m; i += 6) QK_BLOCK(6);
-    for (; i + 4 <= m; i += 4) QK_BLOCK(4);
-    for (; i + 2 <= m; i += 2) QK_BLOCK(2);
-    for (; i < m; i++) QK_BLOCK(1);
+    PA_PACKED_ROW_BLOCKS(i, m, QK_BLOCK);
 #undef QK_BLOCK
   }
 }
@@ -194,14 +191,10 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                       pa_prefetch *prefetch) {
   const uint32_t *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
-  size_t i = 0;
 #define PV_ROWS(rows)                                                          \
   pv_packed_rows(rows, i, m, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo, \
                  pa_rescale_from(rescale, i), prefetch)
-  for (; i + 6 <= m; i += 6) PV_ROWS(6);
-  for (; i + 4 <= m; i += 4) PV_ROWS(4);
-  for (; i + 2 <= m; i += 2) PV_ROWS(2);
-  for (; i < m; i++) PV_ROWS(1);
+  PA_PACKED_ROW_BLOCKS(i, m, PV_ROWS);
 #undef PV_ROWS
 }
 
