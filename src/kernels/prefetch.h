@@ -99,14 +99,14 @@ static inline size_t pa_packed_steps(size_t iterations) {
 }
 
 /* Rows [0, m) in the AVX-512 packed kernels' register blocks of 6, then 4,
- * 2 and 1 rows: BLOCK(rows) runs the block that starts at row `row`. */
-#define PA_PACKED_ROW_BLOCKS(row, m, BLOCK)    \
-  do {                                         \
-    size_t row = 0;                            \
-    for (; row + 6 <= (m); row += 6) BLOCK(6); \
-    for (; row + 4 <= (m); row += 4) BLOCK(4); \
-    for (; row + 2 <= (m); row += 2) BLOCK(2); \
-    for (; row < (m); row++) BLOCK(1);         \
+ * 2 and 1 rows: BLOCK(rows, i) runs the block of `rows` rows from row i. */
+#define PA_PACKED_ROW_BLOCKS(m, BLOCK)                          \
+  do {                                                          \
+    size_t pa_row_ = 0;                                         \
+    for (; pa_row_ + 6 <= (m); pa_row_ += 6) BLOCK(6, pa_row_); \
+    for (; pa_row_ + 4 <= (m); pa_row_ += 4) BLOCK(4, pa_row_); \
+    for (; pa_row_ + 2 <= (m); pa_row_ += 2) BLOCK(2, pa_row_); \
+    for (; pa_row_ < (m); pa_row_++) BLOCK(1, pa_row_);         \
   } while (0)
 
 /* Iteration i of a packed block's loop, which has pa_packed_steps steps. */

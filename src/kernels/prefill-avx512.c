@@ -90,10 +90,10 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
    * spread over the row x key products. */
   for (size_t k0 = 0; k0 < n; k0 += 64) {
     size_t keys = PA_MIN(n - k0, 64);
-#define QK_BLOCK(rows)                                                                \
-  qk_block(rows, keys, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds, prefetch, \
-           k0 * m + i * keys, m * n)
-    PA_PACKED_ROW_BLOCKS(i, m, QK_BLOCK);
+#define QK_BLOCK(rows, i)                                                             \
+  qk_block(rows, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
+           k0 * m + (i)*keys, m * n)
+    PA_PACKED_ROW_BLOCKS(m, QK_BLOCK);
 #undef QK_BLOCK
   }
 }
@@ -143,10 +143,10 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
   size_t ldv = (d + 15) / 16 * 16;
   /* The requests are spread over the row x column products. */
   for (size_t c0 = 0; c0 < d; c0 += 64) {
-#define PV_BLOCK(rows)                                                 \
-  pv_block(rows, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo, \
-           pa_rescale_from(rescale, i), prefetch, c0 * m + i * PA_MIN(d - c0, 64), m * d)
-    PA_PACKED_ROW_BLOCKS(i, m, PV_BLOCK);
+#define PV_BLOCK(rows, i)                                              \
+  pv_block(rows, n, c0, d, p + (i)*ldp, ldp, v, ldv, o + (i)*ldo, ldo, \
+           pa_rescale_from(rescale, i), prefetch, c0 * m + (i)*PA_MIN(d - c0, 64), m * d)
+    PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
 #undef PV_BLOCK
   }
 }

@@ -129,10 +129,10 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
    * spread over the row x key products. */
   for (size_t k0 = 0; k0 < n; k0 += 64) {
     size_t keys = PA_MIN(n - k0, 64);
-#define QK_BLOCK(rows)                                                                       \
-  qk_packed_block(rows, keys, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds, prefetch, \
-                  k0 * m + i * keys, m * n)
-    PA_PACKED_ROW_BLOCKS(i, m, QK_BLOCK);
+#define QK_BLOCK(rows, i)                                                                    \
+  qk_packed_block(rows, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
+                  k0 * m + (i)*keys, m * n)
+    PA_PACKED_ROW_BLOCKS(m, QK_BLOCK);
 #undef QK_BLOCK
   }
 }
@@ -191,10 +191,10 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                       pa_prefetch *prefetch) {
   const uint32_t *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
-#define PV_ROWS(rows)                                                          \
-  pv_packed_rows(rows, i, m, n, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo, \
+#define PV_ROWS(rows, i)                                                         \
+  pv_packed_rows(rows, (i), m, n, d, p + (i)*ldp, ldp, v, ldv, o + (i)*ldo, ldo, \
                  pa_rescale_from(rescale, i), prefetch)
-  PA_PACKED_ROW_BLOCKS(i, m, PV_ROWS);
+  PA_PACKED_ROW_BLOCKS(m, PV_ROWS);
 #undef PV_ROWS
 }
 
