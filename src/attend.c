@@ -240,14 +240,40 @@ static const void **head_rows(const pa_attention_call *c, const void **rows, siz
   return spare;
 }
 
+/* Packed (many rows per head): each head's tile is packed once and used by
+ * all its rows. Kept out of attend_tile, the decode loop, so that changes
+ * here leave that loop's code as it is. */
+__attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
+                                                  const pa_plan_item *item,
+                                                  const pa_item_scratch *s, int64_t first, size_t n,
+                                                  const void **k_rows, const void **v_rows,
+                                                  const void **spare[2][2], pa_prefetch *ahead,
+                                                  size_t budget, int all_visible) {
+  size_t d = (size_t)c->layer->head_size, tile = (size_t)c->plan->key_tile;
+  size_t kv_count = (size_t)(item->kv_end - item->kv_begin);
+  size_t m_kv = pa_item_rows(item) / kv_count, ldq = q_stride(d);
+  for (size_t kv = 0; kv < kv_count; kv++) {
+    size_t r0 = kv * m_kv;
+    const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
+    float *scores = s->s + r0 * tile;
+    c->ops->pack_k(s->k_packed, head_rows(c, k_rows, n, kv, spare[kv & 1][0]), n, d);
+    c->ops->pack_v(s->v_packed, head_rows(c, v_rows, n, kv, spare[kv & 1][1]), n, d);
+    pa_prefetch_begin(ahead, budget);
+    c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile, ahead);
+    softmax_rows(c, s, first, n, r0, m_kv, all_visible);
+    pa_prefetch_begin(ahead, budget);
+    c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, s->o + r0 * s->ldo, s->ldo,
+                      s->rescale + r0, ahead);
+  }
+}
+
 /* Keys [first, first + n) for every KV head of the item. k_rows / v_rows
  * hold the first head's rows; `spare` two sets for the others; `ahead` the
  * next tile's memory, requested over this tile's kernel calls.
  *
- * Packed (many rows per head): each head's tile is packed once and used by
- * all its rows. Direct (decode): S for every head, one softmax over all the
- * item's rows (its per-call work, the row reductions, is then shared by
- * them: 1.8 -> 0.9 ns per key and head at 32-key tiles), P V for every head. */
+ * Direct (decode): S for every head, one softmax over all the item's rows
+ * (its per-call work, the row reductions, is then shared by them: 1.8 ->
+ * 0.9 ns per key and head at 32-key tiles), P V for every head. */
 static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
                         const pa_item_scratch *s, int64_t first, size_t n, const void **k_rows,
                         const void **v_rows, const void **spare[2][2], pa_prefetch *ahead) {
@@ -264,19 +290,7 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
   size_t budget = (lines + 2 * kv_count - 1) / (2 * kv_count); /* per kernel call */
 
   if (item_is_packed(c, item)) {
-    for (size_t kv = 0; kv < kv_count; kv++) {
-      size_t r0 = kv * m_kv;
-      const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
-      float *scores = s->s + r0 * tile;
-      c->ops->pack_k(s->k_packed, head_rows(c, k_rows, n, kv, spare[kv & 1][0]), n, d);
-      c->ops->pack_v(s->v_packed, head_rows(c, v_rows, n, kv, spare[kv & 1][1]), n, d);
-      pa_prefetch_begin(ahead, budget);
-      c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile, ahead);
-      softmax_rows(c, s, first, n, r0, m_kv, all_visible);
-      pa_prefetch_begin(ahead, budget);
-      c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, s->o + r0 * s->ldo, s->ldo,
-                        s->rescale + r0, ahead);
-    }
+    packed_tile(c, item, s, first, n, k_rows, v_rows, spare, ahead, budget, all_visible);
     return;
   }
   for (size_t kv = 0; kv < kv_count; kv++) {
