@@ -19,6 +19,7 @@ void pab_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn
 
 double pab_now(void); /* seconds, monotonic */
 
+/* 64-byte aligned (free with free); exit with a message when out of memory. */
 void *pab_xmalloc(size_t bytes);
 void *pab_xcalloc(size_t count, size_t size);
 /* Page-aligned, asks for transparent huge pages: the roofline buffer and the KV caches are
