@@ -673,7 +673,12 @@ int main(int argc, char **argv) {
   pa_kernels scalar;
   pa_kernels_build(PA_ISA_SCALAR, &scalar);
   pa_isa best = pa_isa_detect();
-  if (best == PA_ISA_SCALAR) printf("test_kernels: no vector family on this CPU\n");
+  if (best == PA_ISA_SCALAR) {
+    /* The scalar kernels are the specification: with no vector family
+     * there is nothing to compare them with. */
+    printf("test_kernels: no vector family on this CPU, nothing to compare\n");
+    return 0;
+  }
   for (int isa = PA_ISA_AVX2; isa <= (int)best; isa++) test_family((pa_isa)isa, &scalar, &rng);
   return tu_finish("test_kernels");
 }

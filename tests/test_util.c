@@ -130,6 +130,12 @@ double tu_now(void) {
 }
 
 int tu_finish(const char *test_name) {
+  /* A run that checked nothing (a PA_TEST_ONLY index that selects no case,
+   * a loop that never ran) proves nothing: it fails. */
+  if (tu_checks == 0) {
+    fprintf(stderr, "%s: no checks ran\n", test_name);
+    return 1;
+  }
   if (tu_failures) {
     fprintf(stderr, "%s: %ld of %ld checks FAILED\n", test_name, tu_failures, tu_checks);
     return 1;

@@ -57,6 +57,6 @@ void tu_fail(const char *file, int line, const char *fmt, ...)
   } while (0)
 
 double tu_now(void);                  /* seconds, monotonic */
-int tu_finish(const char *test_name); /* prints the summary, returns the exit status */
+int tu_finish(const char *test_name); /* prints the summary; non-zero on a failure or no checks */
 
 #endif /* PA_TEST_UTIL_H */
