@@ -55,9 +55,10 @@ pa_status pa_context_create(int num_threads, pa_context **out) {
   pa_kernels_build(isa, &ctx->kernels);
   ctx->thread_scratch = calloc((size_t)ctx->num_threads, sizeof *ctx->thread_scratch);
   if (!ctx->thread_scratch || pa_pool_create(ctx->num_threads, &ctx->pool) != 0) {
+    int wanted = ctx->num_threads; /* num_threads <= 0 asked for one per online CPU */
     free(ctx->thread_scratch);
     free(ctx);
-    return pa_fail(PA_ERR_OUT_OF_MEMORY, "pa_context_create: cannot start %d threads", num_threads);
+    return pa_fail(PA_ERR_OUT_OF_MEMORY, "pa_context_create: cannot start %d threads", wanted);
   }
   *out = ctx;
   return PA_OK;
