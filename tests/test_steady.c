@@ -84,8 +84,6 @@ typedef struct outputs {
   float *lse;
 } outputs;
 
-static size_t dtype_bytes(pa_dtype t) { return pa_dtype_size(t); }
-
 /* One round of every entry point; results into `out`. Returns the number
  * of calls that failed. */
 static int run_round(pa_context *ctx, const pa_layer *layer, const pa_plan *plan,
@@ -132,7 +130,7 @@ static void run_case(int threads, pa_dtype act, pa_dtype cache_dtype, uint64_t s
     return;
   }
 
-  size_t block_bytes = (size_t)BS * NKV * HS * dtype_bytes(cache_dtype);
+  size_t block_bytes = (size_t)BS * NKV * HS * pa_dtype_size(cache_dtype);
   pa_kv_cache cache = {.key = tu_calloc(NB, block_bytes),
                        .value = tu_calloc(NB, block_bytes),
                        .num_blocks = NB,
@@ -147,14 +145,15 @@ static void run_case(int threads, pa_dtype act, pa_dtype cache_dtype, uint64_t s
   swap.value = tu_calloc(NB, block_bytes);
   hx_fill_cache(&rng, &cache, 1.0, 0);
 
-  size_t act_size = dtype_bytes(act), width = NH * HS, kv_width = NKV * HS;
+  size_t act_size = pa_dtype_size(act), width = NH * HS, kv_width = NKV * HS;
   void *query = tu_malloc((size_t)MIXED_ROWS * width * act_size);
   void *new_kv = tu_malloc((size_t)MIXED_ROWS * kv_width * act_size);
   hx_fill_rows(&rng, query, (int64_t)width, MIXED_ROWS, (int)width, act, 1.0);
   hx_fill_rows(&rng, new_kv, (int64_t)kv_width, MIXED_ROWS, (int)kv_width, act, 1.0);
 
-  /* Sequence s owns blocks [s * 32, s * 32 + 32) of the mixed batch's table
-   * and the decode batch shares them (sequence 0 runs on to 125 blocks). */
+  /* Block tables below SPARE_BLOCK, overlapping between sequences (the
+   * attention calls only read them); sequence 0 of the decode batch runs on
+   * to 125 blocks. */
   int32_t table[DECODE_SEQS * TABLE];
   for (int s = 0; s < DECODE_SEQS; s++)
     for (int b = 0; b < TABLE; b++) table[s * TABLE + b] = (s * 37 + b) % SPARE_BLOCK;
