@@ -38,9 +38,11 @@
 
 /* ---- a job ------------------------------------------------------------------ */
 
-/* Sequence 1 is a whole 40-token prompt: where 2 or 4 query heads share a
- * KV head it has an item of 64 or more rows per KV head, which takes the
- * packed tiles in every dtype pair; the decodes read the cache rows. */
+/* Sequence 1 is a whole 40-token prompt: 40, 80 or 160 rows per KV head
+ * over the jobs' GQA ratios (1, 2, 4). Its items take the packed tiles where
+ * that reaches the dtype pair's packed_min_rows: in every job on AVX-512, in
+ * some on the scalar and AVX2 families (64 and 128 rows). The decodes read
+ * the cache rows. */
 enum { NSEQ = 3, BS = 16, NB = 64, NEW_TOKENS = 64 + 41, NPAIRS = 3 };
 static const int32_t g_q_lens[NSEQ] = {1, 40, 1}, g_seq_lens[NSEQ] = {700, 40, 90};
 
