@@ -34,8 +34,9 @@ extern "C" {
 #endif
 
 #define PA_VERSION_MAJOR 0
-#define PA_VERSION_MINOR 1
+#define PA_VERSION_MINOR 2
 #define PA_VERSION_PATCH 0
+#define PA_VERSION_STRING "0.2.0"
 
 /* Supported head sizes: PA_MIN_HEAD_SIZE .. PA_MAX_HEAD_SIZE inclusive. */
 #define PA_MIN_HEAD_SIZE 1
@@ -149,10 +150,31 @@ PA_API void pa_layer_destroy(pa_layer *layer);
 /* KV cache                                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* The memory belongs to the caller. A slot is block * block_size + offset. */
+/* The memory belongs to the caller. A slot is block * block_size + offset.
+ *
+ * Each KV head of a block holds a dense [block_size][head_size] tile; the
+ * strides place the tiles. Element e of token offset t of KV head h in
+ * block b is at element
+ *   b * block_stride + h * head_stride + t * head_size + e
+ * of key (and of value). Zero strides are the dense layout
+ * [num_blocks][num_kv_heads][block_size][head_size], so an initialiser of
+ * the first nine fields means what it meant in 0.1. A non-zero stride is at
+ * least the dense one: head_stride >= block_size * head_size and
+ * block_stride >= num_kv_heads * head_stride (with the dense head stride
+ * when head_stride is 0; a block_stride of 0 is the dense
+ * num_kv_heads * block_size * head_size and must meet the same bound).
+ *
+ * vLLM's CPU cache, one tensor [num_blocks][num_kv_heads][2 * block_size]
+ * [head_size] with each head's key tile followed by its value tile, is
+ *   key = base, value = base + block_size * head_size elements,
+ *   head_stride = 2 * block_size * head_size,
+ *   block_stride = num_kv_heads * head_stride.
+ * The library reads and writes only the tiles: whatever lies between them
+ * (the other side's tiles, padding) is never touched. The regions key and
+ * value address must not overlap; that is the caller's layout, not checked. */
 typedef struct pa_kv_cache {
-  void *key;   /* [num_blocks][num_kv_heads][block_size][head_size] of dtype */
-  void *value; /* same layout */
+  void *key;   /* key tiles of dtype (layout above) */
+  void *value; /* value tiles, same strides */
   int64_t num_blocks;
   int block_size; /* any value >= 1 */
   int num_kv_heads;
@@ -160,6 +182,9 @@ typedef struct pa_kv_cache {
   pa_dtype dtype;
   float k_scale; /* FP8 only (stored = real / k_scale), finite and > 0; ignored otherwise */
   float v_scale;
+  /* 0.2: strides in elements, the same in key and in value (layout above) */
+  int64_t block_stride; /* from block b to b+1; 0: num_kv_heads * block_size * head_size */
+  int64_t head_stride;  /* from KV head h to h+1 within a block; 0: block_size * head_size */
 } pa_kv_cache;
 
 /* key/value: num_tokens rows of num_kv_heads * head_size elements of
@@ -175,7 +200,8 @@ PA_API pa_status pa_write_kv(pa_context *ctx, const pa_kv_cache *cache, const vo
  * destinations are well defined). pa_copy_blocks copies keys and values
  * within each of num_caches caches; pa_swap_blocks copies from src to dst,
  * which must share block_size, num_kv_heads, head_size, dtype and (FP8) the
- * scales; their num_blocks may differ. */
+ * scales; their num_blocks and strides may differ (a strided device cache
+ * and a dense host pool, say). Only the tiles are copied. */
 PA_API pa_status pa_copy_blocks(pa_context *ctx, const pa_kv_cache *caches, int num_caches,
                                 const int64_t *block_pairs, int64_t num_pairs);
 PA_API pa_status pa_swap_blocks(pa_context *ctx, const pa_kv_cache *src, const pa_kv_cache *dst,
@@ -214,6 +240,16 @@ PA_API pa_status pa_paged_attention(pa_context *ctx, const pa_layer *layer, cons
                                     const pa_kv_cache *cache, const pa_batch *batch, void *out,
                                     int64_t out_stride, float *lse);
 
+/* The checks of pa_paged_attention with the same arguments (and the same
+ * status and message for a bad one), without the work: a caller that writes
+ * K/V and then attends (an engine's layer) calls it first, so that a batch
+ * the attention would refuse leaves the cache unwritten. */
+PA_API pa_status pa_validate_paged_attention(const pa_context *ctx, const pa_layer *layer,
+                                             const pa_plan *plan, const void *query,
+                                             int64_t query_stride, const pa_kv_cache *cache,
+                                             const pa_batch *batch, const void *out,
+                                             int64_t out_stride);
+
 /* ------------------------------------------------------------------------ */
 /* Dense ragged attention (no cache)                                        */
 /* ------------------------------------------------------------------------ */
@@ -228,6 +264,34 @@ PA_API pa_status pa_varlen_attention(pa_context *ctx, const pa_layer *layer, con
                                      const void *value, int64_t value_stride, int num_seqs,
                                      const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k,
                                      void *out, int64_t out_stride, float *lse);
+
+/* ------------------------------------------------------------------------ */
+/* Merging partial attention states                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Combines two partial results over disjoint key sets of the same query rows
+ * (e.g. a shared prefix and a sequence's own suffix): per row and head,
+ *   out = (e^lse_a out_a + e^lse_b out_b) / (e^lse_a + e^lse_b),
+ *   lse = log(e^lse_a + e^lse_b).
+ * out_a, out_b and out: num_rows rows of num_heads * head_size elements of
+ * dtype (F32, F16 or BF16), a_stride, b_stride and out_stride elements
+ * apart (each >= num_heads * head_size). lse_a and lse_b: [num_rows]
+ * [num_heads] natural logs, as pa_paged_attention gives them; lse: the same
+ * shape, or NULL when the merged lse is not wanted. Computed in f32.
+ *
+ * A row and head whose lse is -inf on one side takes the other side as it
+ * is (its out values and its lse, bit for bit, whatever they hold); -inf on
+ * both gives zeros and -inf. Otherwise an lse of NaN or +inf on either side
+ * gives NaN in that row and head's out and lse.
+ *
+ * out may be out_a or out_b (the same memory with the same stride), and lse
+ * may be lse_a or lse_b; other overlaps are not supported. num_rows == 0 is
+ * a valid call that does nothing (the tensors and their strides are not
+ * looked at). */
+PA_API pa_status pa_merge_states(pa_context *ctx, int64_t num_rows, int num_heads, int head_size,
+                                 pa_dtype dtype, const void *out_a, int64_t a_stride,
+                                 const float *lse_a, const void *out_b, int64_t b_stride,
+                                 const float *lse_b, void *out, int64_t out_stride, float *lse);
 
 #ifdef __cplusplus
 }

@@ -159,11 +159,13 @@ static void offset_rows(const void *const *rows, int64_t n, int64_t offset, cons
 
 /* The memory of keys [first, first + n) for the item's KV heads, as ranges
  * in key order, K then V of each block (or run of blocks adjacent in
- * memory): one range for all heads when the keys fill their block (the
- * heads of a block are adjacent), one per head otherwise. Dense rows hold
- * all heads of a key side by side. */
+ * memory): one range for all heads when the keys fill their block and the
+ * heads' tiles are adjacent (the dense layout), one per head otherwise.
+ * Dense rows hold all heads of a key side by side. At most `capacity`
+ * ranges: strided tiles in small blocks need more than the dense layout's
+ * bound, and the rest of such a tile is left to the hardware prefetcher. */
 static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, int64_t first,
-                          int64_t n, const char **start, size_t *bytes) {
+                          int64_t n, const char **start, size_t *bytes, size_t capacity) {
   const pa_kv_source *kv = &c->kv;
   int64_t heads = item->kv_end - item->kv_begin, head0 = item->kv_begin * kv->head_bytes;
   size_t count = 0;
@@ -183,7 +185,7 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
        table++, offset = 0) {
     int64_t run = PA_MIN(kv->block_size - offset, end - key);
     int64_t at = *table * kv->block_bytes + head0;
-    int whole = run == kv->block_size;
+    int whole = run == kv->block_size && kv->heads_adjacent;
     for (int64_t h = 0; h < (whole ? 1 : heads); h++) {
       int64_t from = at + h * kv->head_bytes + offset * kv->token_bytes;
       size_t length = (size_t)(whole ? heads * kv->head_bytes : run * kv->token_bytes);
@@ -198,6 +200,7 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
         bytes[count - 1] += length;
         continue;
       }
+      if (count + 2 > capacity) return count;
       start[count] = kv->key + from;
       bytes[count++] = length;
       start[count] = kv->value + from;
@@ -372,7 +375,8 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
     if (next_n > 0) {
       gather_tile_rows(&c->kv, item->seq, item->kv_begin, next, next_n, k_rows[current ^ 1],
                        v_rows[current ^ 1]);
-      ahead.count = tile_ranges(c, item, next, next_n, s.range_start, s.range_bytes);
+      ahead.count = tile_ranges(c, item, next, next_n, s.range_start, s.range_bytes,
+                                pa_prefetch_ranges(c->plan->max_rows, c->plan->key_tile));
     }
     attend_tile(c, item, &s, first, (size_t)PA_MIN((int64_t)tile, hi - first), k_rows[current],
                 v_rows[current], spare, &ahead);

@@ -15,8 +15,9 @@ typedef struct pa_kv_source {
   const int32_t *block_tables;
   int64_t block_table_stride;
   int64_t block_size;
-  int64_t block_bytes; /* one block of all KV heads */
+  int64_t block_bytes; /* from one block to the next */
   int64_t head_bytes;  /* from one KV head's rows to the next's (paged and dense) */
+  int heads_adjacent;  /* a block's tiles are one run of bytes (the dense layout) */
   int64_t token_bytes; /* one token of one KV head */
   /* Dense. */
   const int32_t *row_starts; /* [num_seqs + 1] cumulative key rows */

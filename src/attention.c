@@ -133,9 +133,11 @@ static pa_status plan_reserve_run(pa_context *ctx, const pa_layer *layer, const 
   return PA_OK;
 }
 
-pa_status pa_paged_attention(pa_context *ctx, const pa_layer *layer, const pa_plan *plan,
-                             const void *query, int64_t query_stride, const pa_kv_cache *cache,
-                             const pa_batch *batch, void *out, int64_t out_stride, float *lse) {
+/* Every check of pa_paged_attention; *rows gets the batch's query rows. */
+static pa_status check_paged_attention(const pa_context *ctx, const pa_layer *layer,
+                                       const pa_plan *plan, const void *query, int64_t query_stride,
+                                       const pa_kv_cache *cache, const pa_batch *batch,
+                                       const void *out, int64_t out_stride, int64_t *rows) {
   const char *caller = "pa_paged_attention";
   if (!ctx) return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", caller);
   if (!layer) return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: layer is NULL", caller);
@@ -150,13 +152,32 @@ pa_status pa_paged_attention(pa_context *ctx, const pa_layer *layer, const pa_pl
   if (status == PA_OK) status = check_block_tables(batch, cache, caller);
   if (status == PA_OK && plan) status = check_plan(plan, layer, batch, caller);
   if (status != PA_OK) return status;
-  int64_t rows = batch->num_seqs > 0 ? batch->query_start_loc[batch->num_seqs] : 0;
-  status = check_io(layer, rows, query, query_stride, out, out_stride, caller);
+  *rows = batch->num_seqs > 0 ? batch->query_start_loc[batch->num_seqs] : 0;
+  return check_io(layer, *rows, query, query_stride, out, out_stride, caller);
+}
+
+pa_status pa_validate_paged_attention(const pa_context *ctx, const pa_layer *layer,
+                                      const pa_plan *plan, const void *query, int64_t query_stride,
+                                      const pa_kv_cache *cache, const pa_batch *batch,
+                                      const void *out, int64_t out_stride) {
+  int64_t rows;
+  return check_paged_attention(ctx, layer, plan, query, query_stride, cache, batch, out, out_stride,
+                               &rows);
+}
+
+pa_status pa_paged_attention(pa_context *ctx, const pa_layer *layer, const pa_plan *plan,
+                             const void *query, int64_t query_stride, const pa_kv_cache *cache,
+                             const pa_batch *batch, void *out, int64_t out_stride, float *lse) {
+  const char *caller = "pa_paged_attention";
+  int64_t rows = 0;
+  pa_status status = check_paged_attention(ctx, layer, plan, query, query_stride, cache, batch, out,
+                                           out_stride, &rows);
   if (status != PA_OK || rows == 0) return status;
 
   size_t act_size = pa_dtype_size(layer->dtype), kv_size = pa_dtype_size(cache->dtype);
   int fp8 = pa_dtype_is_fp8(cache->dtype);
   int64_t token_bytes = (int64_t)cache->head_size * (int64_t)kv_size;
+  pa_cache_layout layout = pa_cache_layout_of(cache);
   pa_attention_call call = {
       .query = query,
       .query_row_bytes = row_bytes(rows, query_stride, act_size),
@@ -169,8 +190,9 @@ pa_status pa_paged_attention(pa_context *ctx, const pa_layer *layer, const pa_pl
              .block_tables = batch->block_tables,
              .block_table_stride = batch->block_table_stride,
              .block_size = cache->block_size,
-             .block_bytes = (int64_t)pa_cache_block_bytes(cache),
-             .head_bytes = token_bytes * cache->block_size,
+             .block_bytes = layout.block_bytes,
+             .head_bytes = layout.head_bytes,
+             .heads_adjacent = layout.heads_adjacent,
              .token_bytes = token_bytes},
       .q_factor = layer->scale * (fp8 ? cache->k_scale : 1.0f),
       .v_factor = fp8 ? cache->v_scale : 1.0f,

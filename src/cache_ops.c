@@ -33,6 +33,7 @@ typedef struct pa_write_job {
   int64_t num_tokens;
   const int64_t *slot_mapping;
   int64_t row_width; /* num_kv_heads * head_size */
+  pa_cache_layout layout;
   int ranges;
 } pa_write_job;
 
@@ -47,7 +48,8 @@ static void write_task(void *arg, size_t index, int thread) {
   char *dst_base = tensor ? cache->value : cache->key;
   float scale = tensor ? cache->v_scale : cache->k_scale;
   size_t src_size = pa_dtype_size(job->src_dtype), dst_size = pa_dtype_size(cache->dtype);
-  int64_t head_size = cache->head_size;
+  int64_t head_size = cache->head_size, token_bytes = head_size * (int64_t)dst_size;
+  const pa_cache_layout *layout = &job->layout;
   float buffer[PA_CONVERT_CHUNK];
 
   for (int64_t t = 0; t < job->num_tokens; t++) {
@@ -58,9 +60,8 @@ static void write_task(void *arg, size_t index, int thread) {
     for (int64_t e = begin; e < end;) {
       int64_t head = e / head_size, d = e % head_size;
       int64_t count = PA_MIN(head_size - d, end - e);
-      int64_t dst_elem =
-          ((block * cache->num_kv_heads + head) * cache->block_size + offset) * head_size + d;
-      char *dst = dst_base + dst_elem * (int64_t)dst_size;
+      char *dst = dst_base + block * layout->block_bytes + head * layout->head_bytes +
+                  offset * token_bytes + d * (int64_t)dst_size;
       const char *src = src_row + e * (int64_t)src_size;
       if (cache->dtype == job->src_dtype) {
         memcpy(dst, src, (size_t)count * dst_size);
@@ -125,6 +126,7 @@ pa_status pa_write_kv(pa_context *ctx, const pa_kv_cache *cache, const void *key
       .num_tokens = num_tokens,
       .slot_mapping = slot_mapping,
       .row_width = width,
+      .layout = pa_cache_layout_of(cache),
   };
   job.ranges = ranges_for(ctx, num_tokens * width * (int64_t)src_size);
   if (job.ranges > width) job.ranges = (int)width;
@@ -137,7 +139,9 @@ pa_status pa_write_kv(pa_context *ctx, const pa_kv_cache *cache, const void *key
 /* ----------------------------------------------------------------------- */
 
 /* Tensor i of a copy is caches[i / 2]'s keys (even i) or values (odd i),
- * copied onto itself; a swap has two tensors, from src to dst. */
+ * copied onto itself; a swap has two tensors, from src to dst. A task owns
+ * a byte range of what a block holds, its tiles in order, and finds those
+ * bytes through each side's strides. */
 typedef struct pa_block_job {
   const pa_kv_cache *src; /* num_src caches (copy) or one (swap) */
   const pa_kv_cache *dst; /* NULL for a copy: dst is src */
@@ -145,6 +149,26 @@ typedef struct pa_block_job {
   int64_t num_pairs;
   int chunks; /* byte ranges per tensor */
 } pa_block_job;
+
+/* Bytes [begin, end) of the tiles of block `from_block` to the same bytes
+ * of block `to_block`. */
+static void copy_tiles(char *to, const pa_cache_layout *to_layout, int64_t to_block,
+                       const char *from, const pa_cache_layout *from_layout, int64_t from_block,
+                       int64_t begin, int64_t end) {
+  to += to_block * to_layout->block_bytes;
+  from += from_block * from_layout->block_bytes;
+  if (to_layout->heads_adjacent && from_layout->heads_adjacent) {
+    memmove(to + begin, from + begin, (size_t)(end - begin));
+    return;
+  }
+  int64_t tile = from_layout->tile_bytes;
+  for (int64_t at = begin; at < end;) {
+    int64_t head = at / tile, within = at % tile, n = PA_MIN(tile - within, end - at);
+    memmove(to + head * to_layout->head_bytes + within,
+            from + head * from_layout->head_bytes + within, (size_t)n);
+    at += n;
+  }
+}
 
 static void block_task(void *arg, size_t index, int thread) {
   (void)thread;
@@ -155,13 +179,17 @@ static void block_task(void *arg, size_t index, int thread) {
   int values = (int)(tensor % 2);
   const char *from = values ? src->value : src->key;
   char *to = values ? dst->value : dst->key;
+  pa_cache_layout from_layout = pa_cache_layout_of(src), to_layout = pa_cache_layout_of(dst);
+  /* A block onto itself through the same strides is no copy. */
+  int same = from == to && from_layout.head_bytes == to_layout.head_bytes &&
+             from_layout.block_bytes == to_layout.block_bytes;
   size_t block_bytes = pa_cache_block_bytes(src);
   size_t begin = block_bytes * chunk / (size_t)job->chunks;
   size_t end = block_bytes * (chunk + 1) / (size_t)job->chunks;
   for (int64_t p = 0; p < job->num_pairs; p++) {
-    size_t s = (size_t)job->pairs[2 * p], d = (size_t)job->pairs[2 * p + 1];
-    if (from == to && s == d) continue;
-    memmove(to + d * block_bytes + begin, from + s * block_bytes + begin, end - begin);
+    int64_t s = job->pairs[2 * p], d = job->pairs[2 * p + 1];
+    if (same && s == d) continue;
+    copy_tiles(to, &to_layout, d, from, &from_layout, s, (int64_t)begin, (int64_t)end);
   }
 }
 

@@ -50,7 +50,23 @@ pa_status pa_check_activation_dtype(pa_dtype dtype, const char *caller, const ch
 pa_status pa_check_rows(int64_t rows, int64_t stride, int64_t width, size_t elem_size,
                         const char *caller, const char *name);
 
-/* Number of bytes of one block of one cache tensor (keys or values). */
+/* Bytes of the tiles of one block of one cache tensor (keys or values):
+ * what a block holds, wherever its strides put the tiles. */
 size_t pa_cache_block_bytes(const pa_kv_cache *cache);
+
+/* Where a checked cache's tiles are, in bytes from key (or value). */
+typedef struct pa_cache_layout {
+  int64_t tile_bytes;  /* one KV head's [block_size][head_size] tile */
+  int64_t head_bytes;  /* from a KV head's tile to the next one's in the block */
+  int64_t block_bytes; /* from a block to the next */
+  int heads_adjacent;  /* head_bytes == tile_bytes: a block's tiles are one run */
+} pa_cache_layout;
+
+/* For a cache pa_check_cache accepted. A stride that is never stepped (the
+ * block stride of a cache of one block, the head stride of one KV head, any
+ * stride of an empty cache) may be anything up to INT64_MAX, and its byte
+ * count could overflow: it reads as 0 (block) or the dense value, which
+ * address the same bytes. */
+pa_cache_layout pa_cache_layout_of(const pa_kv_cache *cache);
 
 #endif

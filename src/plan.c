@@ -54,10 +54,8 @@ pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_til
   PA_PLACE(merge, d * sizeof(float));
   PA_PLACE(k_packed, pa_packed_bytes(d));
   PA_PLACE(v_packed, pa_packed_bytes(d));
-  /* Prefetch ranges of a tile: two per key at most, plus one per KV head
-   * for the partial blocks at its two ends (an item has <= m KV heads). */
-  PA_PLACE(range_start, (2 * n + 4 * m) * sizeof(char *));
-  PA_PLACE(range_bytes, (2 * n + 4 * m) * sizeof(size_t));
+  PA_PLACE(range_start, pa_prefetch_ranges(max_rows, key_tile) * sizeof(char *));
+  PA_PLACE(range_bytes, pa_prefetch_ranges(max_rows, key_tile) * sizeof(size_t));
 #undef PA_PLACE
   l.total = at;
   return l;

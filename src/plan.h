@@ -98,4 +98,11 @@ typedef struct pa_scratch_layout {
 
 pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_tile);
 
+/* Prefetch ranges the scratch holds for one tile: with dense tiles, two per
+ * key at most, plus one pair per KV head for the partial blocks at the
+ * tile's two ends (an item has <= max_rows KV heads). */
+static inline size_t pa_prefetch_ranges(int max_rows, int key_tile) {
+  return 2 * (size_t)key_tile + 4 * (size_t)max_rows;
+}
+
 #endif

@@ -12,17 +12,18 @@ pa_context *ar_ctx[AR_NUM_CTX];
 int ar_kv_heads(const attn_case *c) { return c->num_kv_heads ? c->num_kv_heads : c->num_heads; }
 
 void ar_describe(const attn_case *c, char *buf, size_t size) {
-  int n = snprintf(buf, size,
-                   "[%s] %s act=%s cache=%s src=%s heads=%d kv_heads=%d head_size=%d "
-                   "block_size=%d scale=%g alibi=%d sinks=%d window=%d soft_cap=%g type=%s "
-                   "ctx_threads=%d plan=%d lse=%d shuffle=%d pad=%d poison=%d fused=%d "
-                   "k_scale=%g v_scale=%g mags=%g/%g/%g seqs(q_len/k_len)=",
-                   c->group, c->varlen ? "varlen" : "paged", pa_dtype_name(c->act),
-                   pa_dtype_name(c->cache_dtype), pa_dtype_name(c->src_dtype), c->num_heads,
-                   c->num_kv_heads, c->head_size, c->block_size, (double)c->scale, c->alibi,
-                   c->sinks, c->window, (double)c->soft_cap, hx_attn_name(c->type),
-                   ar_ctx_threads[c->ctx], c->plan, c->lse, c->shuffle, c->pad, c->poison, c->fused,
-                   (double)c->k_scale, (double)c->v_scale, c->q_mag, c->k_mag, c->v_mag);
+  int n =
+      snprintf(buf, size,
+               "[%s] %s act=%s cache=%s src=%s heads=%d kv_heads=%d head_size=%d "
+               "block_size=%d scale=%g alibi=%d sinks=%d window=%d soft_cap=%g type=%s "
+               "ctx_threads=%d plan=%d lse=%d shuffle=%d pad=%d poison=%d layout=%s "
+               "fused=%d k_scale=%g v_scale=%g mags=%g/%g/%g seqs(q_len/k_len)=",
+               c->group, c->varlen ? "varlen" : "paged", pa_dtype_name(c->act),
+               pa_dtype_name(c->cache_dtype), pa_dtype_name(c->src_dtype), c->num_heads,
+               c->num_kv_heads, c->head_size, c->block_size, (double)c->scale, c->alibi, c->sinks,
+               c->window, (double)c->soft_cap, hx_attn_name(c->type), ar_ctx_threads[c->ctx],
+               c->plan, c->lse, c->shuffle, c->pad, c->poison, hx_layout_name(c->layout), c->fused,
+               (double)c->k_scale, (double)c->v_scale, c->q_mag, c->k_mag, c->v_mag);
   for (int s = 0; s < c->num_seqs && n > 0 && (size_t)n < size; s++)
     n += snprintf(buf + n, size - (size_t)n, "%s%d/%d", s ? "," : "", c->q_len[s], c->seq_len[s]);
 }
@@ -239,23 +240,26 @@ static void write_phase(tu_rng *rng, const attn_case *c, const char *tag, paged_
   unsigned char *img[4];
   for (int i = 0; i < 4; i++) {
     img[i] = tu_malloc(bytes);
-    memcpy(img[i], i % 2 ? cache->value : cache->key, bytes);
+    hx_gather_tiles(cache, i % 2, img[i]);
   }
   hx_expect_write(cache, img[0], img[1], img[2], img[3], krows, ks, vrows, vs, c->src_dtype, n,
                   slots);
   pa_status st = pa_write_kv(ar_ctx[c->ctx], cache, krows, ks, vrows, vs, c->src_dtype, n, slots);
   TU_CHECK(st == PA_OK, "%s: pa_write_kv: %s (%s)", tag, pa_status_string(st), pa_last_error());
   hx_compare_cache(tag, cache, img[0], img[1], img[2], img[3]);
+  hx_check_padding(tag, cache, &p->mem);
   for (int i = 0; i < 4; i++) free(img[i]);
   free(krows);
   free(vrows);
   free(slots);
 }
 
+/* The cache's buffers whole, padding included: attention writes none of it. */
 static void paged_inputs(const paged_run *r, span in[3]) {
-  size_t cache_bytes = hx_cache_bytes(&r->p.cache);
-  in[0] = (span){"the cache's keys", r->p.cache.key, cache_bytes};
-  in[1] = (span){"the cache's values", r->p.cache.value, cache_bytes};
+  const hx_cache_mem *mem = &r->p.mem;
+  in[0] = (span){"the cache's key buffer", mem->buf[0], mem->bytes[0]};
+  in[1] = mem->buf[1] ? (span){"the cache's value buffer", mem->buf[1], mem->bytes[1]}
+                      : (span){"no second buffer", mem->buf[0], 0};
   in[2] = (span){"the query", r->q, (size_t)(r->rows * r->qstride) * pa_dtype_size(r->c->act)};
 }
 
@@ -275,8 +279,7 @@ int ar_paged_prepare(const attn_case *c, const char *tag, paged_run *r) {
   cache->dtype = c->cache_dtype;
   cache->k_scale = c->k_scale;
   cache->v_scale = c->v_scale;
-  cache->key = tu_malloc(hx_cache_bytes(cache));
-  cache->value = tu_malloc(hx_cache_bytes(cache));
+  hx_cache_alloc(&rng, cache, c->layout, &p->mem);
   hx_fill_cache(&rng, cache, c->k_mag > c->v_mag ? c->k_mag : c->v_mag, c->poison);
 
   /* The cached prefix first, then the new tokens, as an engine does. */
@@ -330,7 +333,9 @@ void ar_paged_check(paged_run *r, const char *tag, pa_status st) {
                   c->head_size,
                   hx_ref_dtype(c->cache_dtype),
                   c->k_scale,
-                  c->v_scale};
+                  c->v_scale,
+                  cache->block_stride,
+                  cache->head_stride};
   ref_paged_attention(&r->lb.ref, hx_ref_dtype(c->act), r->q, r->qstride, &rc, c->num_seqs, r->qsl,
                       r->seq_lens, r->p.block_tables, r->p.bt_stride, r->o.ref_out, r->o.ref_lse,
                       r->o.vmax);
@@ -344,8 +349,7 @@ void ar_paged_free(paged_run *r) {
   free(r->inputs_copy);
   free_outputs(&r->o);
   free(r->q);
-  free(r->p.cache.key);
-  free(r->p.cache.value);
+  hx_cache_free(&r->p.mem);
   free(r->p.block_tables);
   if (r->lb.layer) free_layer(&r->lb);
 }

@@ -42,6 +42,7 @@ typedef struct attn_case {
   int shuffle;              /* physical blocks in random order */
   int pad;                  /* extra elements per row of every activation buffer */
   int poison;               /* NaN in every cache slot no sequence owns */
+  hx_layout layout;         /* the cache's strides (NaN in every byte between tiles) */
   int fused;                /* varlen: q, k, v are views of one QKV buffer */
   float k_scale, v_scale;
   double q_mag, k_mag, v_mag;
@@ -67,6 +68,7 @@ typedef struct outputs {
 
 typedef struct paged_setup {
   pa_kv_cache cache;
+  hx_cache_mem mem;
   int32_t *block_tables;
   int bt_stride;
 } paged_setup;
@@ -82,7 +84,7 @@ typedef struct paged_run {
   int64_t qstride, rows;
   outputs o;
   pa_plan *plan;
-  unsigned char *inputs_copy; /* cache keys, values and query before the call */
+  unsigned char *inputs_copy; /* cache buffers and query before the call */
 } paged_run;
 
 /* Layer, cache (written through pa_write_kv and checked), query, outputs

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* hx_ref_dtype and hx_ref_attn are casts. */
@@ -53,6 +54,14 @@ size_t hx_cache_bytes(const pa_kv_cache *cache) {
   return (size_t)hx_cache_elems(cache) * ref_dtype_size(hx_ref_dtype(cache->dtype));
 }
 
+/* Dense element i of a side (block-major, as an image holds it) at its
+ * strided index. */
+static int64_t strided_index(const pa_kv_cache *c, int64_t i) {
+  int64_t d = c->head_size, tile = (int64_t)c->block_size * d;
+  int64_t block = i / (c->num_kv_heads * tile), in_block = i % (c->num_kv_heads * tile);
+  return hx_tile_index(c, block, (int)(in_block / tile), 0) + in_block % tile;
+}
+
 void hx_fill_cache(tu_rng *rng, const pa_kv_cache *cache, double mag, int poison) {
   ref_dtype rt = hx_ref_dtype(cache->dtype);
   int fp8 = rt == REF_E4M3 || rt == REF_E5M2;
@@ -61,8 +70,157 @@ void hx_fill_cache(tu_rng *rng, const pa_kv_cache *cache, double mag, int poison
     void *p = side ? cache->value : cache->key;
     double s = fp8 ? (side ? cache->v_scale : cache->k_scale) : 1.0;
     for (int64_t i = 0; i < n; i++)
-      ref_store(p, i, rt, poison ? NAN : (float)(tu_range(rng, -mag, mag) / s));
+      ref_store(p, strided_index(cache, i), rt,
+                poison ? NAN : (float)(tu_range(rng, -mag, mag) / s));
   }
+}
+
+/* ---- cache layouts -------------------------------------------------------- */
+
+const char *hx_layout_name(hx_layout layout) {
+  switch (layout) {
+    case HX_DENSE: return "dense";
+    case HX_DENSE_EXPLICIT: return "dense_explicit";
+    case HX_BLOCK_PADDED: return "block_padded";
+    case HX_VLLM: return "vllm";
+    case HX_VLLM_PADDED: return "vllm_padded";
+    case HX_SEPARATE_PADDED: return "separate_padded";
+    case HX_NUM_LAYOUTS: break;
+  }
+  return "?";
+}
+
+int64_t hx_tile_index(const pa_kv_cache *c, int64_t b, int h, int t) {
+  int64_t tile = (int64_t)c->block_size * c->head_size;
+  int64_t head_stride = c->head_stride ? c->head_stride : tile;
+  int64_t block_stride = c->block_stride ? c->block_stride : c->num_kv_heads * tile;
+  return b * block_stride + h * head_stride + (int64_t)t * c->head_size;
+}
+
+int64_t hx_cache_span(const pa_kv_cache *c) {
+  if (c->num_blocks == 0) return 0;
+  return hx_tile_index(c, c->num_blocks - 1, c->num_kv_heads - 1, 0) +
+         (int64_t)c->block_size * c->head_size;
+}
+
+static unsigned char *pad_buffer(size_t bytes) {
+  unsigned char *p = tu_malloc(bytes ? bytes : 1);
+  memset(p, HX_PAD_BYTE, bytes);
+  return p;
+}
+
+void hx_cache_alloc(tu_rng *rng, pa_kv_cache *c, hx_layout layout, hx_cache_mem *mem) {
+  memset(mem, 0, sizeof *mem);
+  int64_t tile = (int64_t)c->block_size * c->head_size, heads = c->num_kv_heads;
+  size_t es = ref_dtype_size(hx_ref_dtype(c->dtype));
+  /* Padding of up to a tile and a bit, at least one element (drawn only
+   * for the layouts that have it, so a dense case's data stays as it was). */
+  int pad_limit = (int)(tile < 64 ? tile : 64) + 4;
+  int64_t pad_head = 0, pad_block = 0, lead = 0, tail = 0, value_at = 0;
+  if (layout == HX_BLOCK_PADDED || layout == HX_VLLM_PADDED || layout == HX_SEPARATE_PADDED) {
+    pad_head = tu_int(rng, 1, pad_limit);
+    pad_block = tu_int(rng, 1, pad_limit);
+  }
+  c->block_stride = c->head_stride = 0;
+  int shared = 0;
+  switch (layout) {
+    case HX_DENSE: break;
+    case HX_DENSE_EXPLICIT:
+      c->head_stride = tile;
+      c->block_stride = heads * tile;
+      break;
+    case HX_BLOCK_PADDED:
+      c->block_stride = heads * tile + pad_block;
+      tail = pad_block;
+      break;
+    case HX_VLLM:
+      c->head_stride = 2 * tile;
+      c->block_stride = heads * c->head_stride;
+      value_at = tile;
+      shared = 1;
+      break;
+    case HX_VLLM_PADDED:
+      /* Each head's slot: key tile, a gap, value tile, the rest of the padding. */
+      c->head_stride = 2 * tile + pad_head;
+      c->block_stride = heads * c->head_stride + pad_block;
+      value_at = tile + tu_int(rng, 0, (int)pad_head);
+      tail = pad_block;
+      shared = 1;
+      break;
+    case HX_SEPARATE_PADDED:
+      c->head_stride = tile + pad_head;
+      c->block_stride = heads * c->head_stride + pad_block;
+      lead = tu_int(rng, 1, 7);
+      tail = pad_block;
+      break;
+    case HX_NUM_LAYOUTS: break;
+  }
+  int64_t span = hx_cache_span(c);
+  if (shared) {
+    mem->bytes[0] = (size_t)(value_at + span + tail) * es;
+    mem->buf[0] = pad_buffer(mem->bytes[0]);
+    c->key = mem->buf[0];
+    c->value = mem->buf[0] + (size_t)value_at * es;
+    return;
+  }
+  for (int side = 0; side < 2; side++) {
+    mem->bytes[side] = (size_t)(lead + span + tail) * es;
+    mem->buf[side] = pad_buffer(mem->bytes[side]);
+  }
+  c->key = mem->buf[0] + (size_t)lead * es;
+  c->value = mem->buf[1] + (size_t)lead * es;
+}
+
+void hx_cache_free(hx_cache_mem *mem) {
+  free(mem->buf[0]);
+  free(mem->buf[1]);
+  memset(mem, 0, sizeof *mem);
+}
+
+void hx_gather_tiles(const pa_kv_cache *c, int side, unsigned char *dense) {
+  size_t es = ref_dtype_size(hx_ref_dtype(c->dtype)),
+         tile = (size_t)c->block_size * (size_t)c->head_size * es;
+  const unsigned char *base = side ? c->value : c->key;
+  for (int64_t b = 0, i = 0; b < c->num_blocks; b++)
+    for (int h = 0; h < c->num_kv_heads; h++, i++)
+      memcpy(dense + (size_t)i * tile, base + (size_t)hx_tile_index(c, b, h, 0) * es, tile);
+}
+
+void hx_scatter_tiles(const pa_kv_cache *c, int side, const unsigned char *dense) {
+  size_t es = ref_dtype_size(hx_ref_dtype(c->dtype)),
+         tile = (size_t)c->block_size * (size_t)c->head_size * es;
+  unsigned char *base = side ? c->value : c->key;
+  for (int64_t b = 0, i = 0; b < c->num_blocks; b++)
+    for (int h = 0; h < c->num_kv_heads; h++, i++)
+      memcpy(base + (size_t)hx_tile_index(c, b, h, 0) * es, dense + (size_t)i * tile, tile);
+}
+
+long hx_check_padding(const char *label, const pa_kv_cache *c, const hx_cache_mem *mem) {
+  size_t es = ref_dtype_size(hx_ref_dtype(c->dtype)),
+         tile = (size_t)c->block_size * (size_t)c->head_size * es;
+  long bad = 0;
+  for (int m = 0; m < 2 && mem->buf[m]; m++) {
+    unsigned char *is_tile = tu_calloc(mem->bytes[m] + 1, 1);
+    for (int side = 0; side < 2; side++) {
+      const unsigned char *base = side ? c->value : c->key;
+      if (base < mem->buf[m] || base >= mem->buf[m] + mem->bytes[m]) continue;
+      size_t at = (size_t)(base - mem->buf[m]);
+      for (int64_t b = 0; b < c->num_blocks; b++)
+        for (int h = 0; h < c->num_kv_heads; h++)
+          memset(is_tile + at + (size_t)hx_tile_index(c, b, h, 0) * es, 1, tile);
+    }
+    for (size_t i = 0; i < mem->bytes[m]; i++) {
+      if (is_tile[i] || mem->buf[m][i] == HX_PAD_BYTE) continue;
+      if (bad++ < HX_REPORT)
+        TU_CHECK(0, "%s: padding byte %zu of cache buffer %d (%s layout) was written: 0x%02X",
+                 label, i, m, c->head_stride || c->block_stride ? "strided" : "dense",
+                 mem->buf[m][i]);
+    }
+    free(is_tile);
+  }
+  tu_checks++;
+  if (bad > HX_REPORT) TU_CHECK(0, "%s: %ld padding bytes written in all", label, bad);
+  return bad;
 }
 
 static int is_fp8(pa_dtype t) { return t == PA_FP8_E4M3 || t == PA_FP8_E5M2; }
@@ -106,8 +264,10 @@ long hx_compare_cache(const char *label, const pa_kv_cache *cache, const unsigne
   size_t es = ref_dtype_size(ct);
   int64_t n = hx_cache_elems(cache);
   long bad = 0;
+  unsigned char *tiles = tu_malloc((size_t)n * es + 1);
   for (int side = 0; side < 2; side++) {
-    const unsigned char *got = side ? cache->value : cache->key;
+    hx_gather_tiles(cache, side, tiles);
+    const unsigned char *got = tiles;
     const unsigned char *want = side ? exact_val : exact_key;
     const unsigned char *alt = side ? alt_val : alt_key;
     /* Fast path: the usual case is byte-identical. */
@@ -135,6 +295,7 @@ long hx_compare_cache(const char *label, const pa_kv_cache *cache, const unsigne
       }
     }
   }
+  free(tiles);
   tu_checks++;
   if (bad > HX_REPORT) TU_CHECK(0, "%s: %ld cache elements differ in all", label, bad);
   return bad;

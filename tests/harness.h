@@ -22,14 +22,61 @@ void *hx_alloc_rows(int64_t rows, int64_t stride, pa_dtype t);
  * elements between width and stride hold NaN: a kernel that uses them shows. */
 void hx_fill_rows(tu_rng *rng, void *buf, int64_t stride, int64_t rows, int width, pa_dtype t,
                   double mag);
-/* Every element of a cache side: finite values in [-mag, mag) (stale data an
- * engine may leave in free slots), or NaN when poison is set. */
+/* Every element of every tile of a cache side: finite values in [-mag,
+ * mag) (stale data an engine may leave in free slots), or NaN when poison is
+ * set. Memory between tiles is left alone. */
 void hx_fill_cache(tu_rng *rng, const pa_kv_cache *cache, double mag, int poison);
-int64_t hx_cache_elems(const pa_kv_cache *cache); /* per side */
-size_t hx_cache_bytes(const pa_kv_cache *cache);  /* per side */
+/* Elements (bytes) of a side's tiles: num_blocks x num_kv_heads x
+ * block_size x head_size, what a dense image of the side holds. */
+int64_t hx_cache_elems(const pa_kv_cache *cache);
+size_t hx_cache_bytes(const pa_kv_cache *cache);
+
+/* ---- cache layouts -------------------------------------------------------- */
+
+/* The layouts the tests put caches in (pa_kv_cache's block_stride and
+ * head_stride). */
+typedef enum hx_layout {
+  HX_DENSE,           /* zero strides; two buffers of exactly the tiles */
+  HX_DENSE_EXPLICIT,  /* the dense strides, given explicitly */
+  HX_BLOCK_PADDED,    /* adjacent heads, padding after each block */
+  HX_VLLM,            /* one buffer [num_blocks][num_kv_heads][2 * block_size][head_size] */
+  HX_VLLM_PADDED,     /* one buffer, padding in each head's slot and after each block */
+  HX_SEPARATE_PADDED, /* two buffers, padding before them, after each tile, block and the end */
+  HX_NUM_LAYOUTS
+} hx_layout;
+const char *hx_layout_name(hx_layout layout);
+
+/* Bytes outside the tiles hold this: a NaN in every cache dtype, so a
+ * kernel that reads padding shows in its output. */
+#define HX_PAD_BYTE 0xFF
+
+/* The buffers behind a cache: buf[1] is NULL when key and value share
+ * buf[0]. */
+typedef struct hx_cache_mem {
+  unsigned char *buf[2];
+  size_t bytes[2];
+} hx_cache_mem;
+
+/* Element index within a side of dimension 0 of token offset t of KV head
+ * h in block b, through the cache's strides. */
+int64_t hx_tile_index(const pa_kv_cache *cache, int64_t b, int h, int t);
+/* Elements from a side's pointer to the end of its last tile. */
+int64_t hx_cache_span(const pa_kv_cache *cache);
+/* Sets the strides, key and value of a cache whose geometry and dtype are
+ * set, over new buffers filled with HX_PAD_BYTE (padding sizes from rng). */
+void hx_cache_alloc(tu_rng *rng, pa_kv_cache *cache, hx_layout layout, hx_cache_mem *mem);
+void hx_cache_free(hx_cache_mem *mem);
+/* Copies side 0 (keys) or 1 (values) of a cache into a dense image, and
+ * back. */
+void hx_gather_tiles(const pa_kv_cache *cache, int side, unsigned char *dense);
+void hx_scatter_tiles(const pa_kv_cache *cache, int side, const unsigned char *dense);
+/* Fails for every byte of the buffers outside the tiles that no longer
+ * holds HX_PAD_BYTE; returns how many. */
+long hx_check_padding(const char *label, const pa_kv_cache *cache, const hx_cache_mem *mem);
 
 /* What pa_write_kv must leave in a cache: applies the write to the images
- * (copies of the cache's bytes) in token order, skipping negative slots.
+ * (dense copies of the cache's tiles, hx_gather_tiles) in token order,
+ * skipping negative slots.
  * exact_* gets encode(x / scale) with the quotient rounded to f32 once;
  * alt_* the same but with x * (1 / scale), which the contract's "stores
  * value / scale" also allows (they differ only for FP8 and only when the two
@@ -39,8 +86,9 @@ void hx_expect_write(const pa_kv_cache *cache, unsigned char *exact_key, unsigne
                      unsigned char *alt_key, unsigned char *alt_val, const void *key,
                      int64_t key_stride, const void *value, int64_t value_stride,
                      pa_dtype src_dtype, int64_t num_tokens, const int64_t *slot_mapping);
-/* Compares both sides of the cache with the images (NaN matches any NaN).
- * Returns the number of mismatching elements and reports the first ones. */
+/* Compares both sides of the cache (its tiles, gathered) with dense images
+ * (NaN matches any NaN). Returns the number of mismatching elements and
+ * reports the first ones. */
 long hx_compare_cache(const char *label, const pa_kv_cache *cache, const unsigned char *exact_key,
                       const unsigned char *exact_val, const unsigned char *alt_key,
                       const unsigned char *alt_val);

@@ -250,6 +250,13 @@ void ref_attention_seq(const ref_layer *layer, int q_len, int k_len, const doubl
   free(s);
 }
 
+int64_t ref_cache_index(const ref_cache *cache, int64_t b, int h, int t, int c) {
+  int64_t tile = (int64_t)cache->block_size * cache->head_size;
+  int64_t head_stride = cache->head_stride ? cache->head_stride : tile;
+  int64_t block_stride = cache->block_stride ? cache->block_stride : cache->num_kv_heads * tile;
+  return b * block_stride + h * head_stride + (int64_t)t * cache->head_size + c;
+}
+
 void ref_gather_paged(const ref_cache *cache, const int32_t *block_table_row, int seq_len,
                       double *k, double *v) {
   int bs = cache->block_size, nkv = cache->num_kv_heads, d = cache->head_size;
@@ -259,8 +266,7 @@ void ref_gather_paged(const ref_cache *cache, const int32_t *block_table_row, in
     int64_t block = block_table_row[t / bs];
     int offset = t % bs;
     for (int h = 0; h < nkv; h++) {
-      /* [num_blocks][num_kv_heads][block_size][head_size] */
-      int64_t base = ((block * nkv + h) * bs + offset) * (int64_t)d;
+      int64_t base = ref_cache_index(cache, block, h, offset, 0);
       for (int c = 0; c < d; c++) {
         size_t at = ((size_t)t * (size_t)nkv + (size_t)h) * (size_t)d + (size_t)c;
         k[at] = ks * (double)ref_load(cache->key, base + c, cache->dtype);
@@ -338,5 +344,32 @@ void ref_varlen_attention(const ref_layer *layer, ref_dtype act, const void *que
     run_seq(layer, act, query, query_stride, q0, q_len, k_len, k, v, out, lse, vmax);
     free(k);
     free(v);
+  }
+}
+
+/* ---- merging partial states ---------------------------------------------- */
+
+void ref_merge_states(int64_t num_rows, int num_heads, int head_size, ref_dtype t,
+                      const void *out_a, int64_t a_stride, const float *lse_a, const void *out_b,
+                      int64_t b_stride, const float *lse_b, double *out, double *lse) {
+  int64_t width = (int64_t)num_heads * head_size;
+  for (int64_t r = 0; r < num_rows; r++) {
+    for (int h = 0; h < num_heads; h++) {
+      double la = lse_a[r * num_heads + h], lb = lse_b[r * num_heads + h];
+      double *o = out + r * width + (int64_t)h * head_size;
+      double m = la > lb ? la : lb;
+      /* e^la + e^lb = e^m (e^(la - m) + e^(lb - m)); an -inf side weighs 0. */
+      double wa = la == -INFINITY ? 0.0 : exp(la - m);
+      double wb = lb == -INFINITY ? 0.0 : exp(lb - m);
+      double denom = wa + wb;
+      for (int c = 0; c < head_size; c++) {
+        int64_t col = (int64_t)h * head_size + c;
+        double sum = 0;
+        if (wa > 0) sum += wa * ref_load(out_a, r * a_stride + col, t);
+        if (wb > 0) sum += wb * ref_load(out_b, r * b_stride + col, t);
+        o[c] = denom > 0 ? sum / denom : 0.0;
+      }
+      lse[r * num_heads + h] = denom > 0 ? m + log(denom) : -INFINITY;
+    }
   }
 }

@@ -64,7 +64,7 @@ void ref_attention_seq(const ref_layer *layer, int q_len, int k_len, const doubl
                        const double *k, const double *v, double *out, double *lse);
 
 typedef struct ref_cache {
-  const void *key; /* [num_blocks][num_kv_heads][block_size][head_size] */
+  const void *key; /* tiles [block_size][head_size] per block and KV head */
   const void *value;
   int64_t num_blocks;
   int block_size;
@@ -73,7 +73,15 @@ typedef struct ref_cache {
   ref_dtype dtype;
   double k_scale; /* applied to FP8 only */
   double v_scale;
+  /* Elements from one block's tiles to the next's, and from one KV head's
+   * tile to the next's; 0: the dense [num_blocks][num_kv_heads][block_size]
+   * [head_size] layout. */
+  int64_t block_stride, head_stride;
 } ref_cache;
+
+/* Element index, within key or value, of dimension c of token offset t of
+ * KV head h in block b. */
+int64_t ref_cache_index(const ref_cache *cache, int64_t b, int h, int t, int c);
 
 /* The first seq_len tokens of a sequence, in order, read through its block
  * table row: k, v are [seq_len][num_kv_heads * head_size], scaled. */
@@ -100,5 +108,19 @@ void ref_varlen_attention(const ref_layer *layer, ref_dtype act, const void *que
                           const void *value, int64_t value_stride, int num_seqs,
                           const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k, double *out,
                           double *lse, double *vmax);
+
+/* ---- merging partial states ------------------------------------------------ */
+
+/* Two partial results of the same rows over disjoint key sets, combined in
+ * double from their definitions: out = (e^la out_a + e^lb out_b) / (e^la +
+ * e^lb), lse = log(e^la + e^lb), computed relative to the larger lse. A
+ * side whose lse is -inf contributes nothing (its values are not read); -inf
+ * on both sides gives zeros and -inf. out_a, out_b: rows of num_heads *
+ * head_size elements of dtype t, a_stride and b_stride apart; lse_*:
+ * [num_rows][num_heads]; out: [num_rows][num_heads * head_size] doubles;
+ * lse: [num_rows][num_heads]. */
+void ref_merge_states(int64_t num_rows, int num_heads, int head_size, ref_dtype t,
+                      const void *out_a, int64_t a_stride, const float *lse_a, const void *out_b,
+                      int64_t b_stride, const float *lse_b, double *out, double *lse);
 
 #endif /* PA_REFERENCE_H */

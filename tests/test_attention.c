@@ -3,7 +3,10 @@
  * reference: seeded random cases over shapes, dtypes and features, plus
  * targeted cases for the edges (see main). K/V go through pa_write_kv, whose
  * stored bytes are checked too, and the reference reads them back with its
- * own codecs.
+ * own codecs. A share of the paged cases keep their cache in a strided
+ * layout (vLLM's interleaved K/V, padding between tiles), with NaN in
+ * every byte between the tiles: read, it would show in the output; written,
+ * the checks of the cache's buffers catch it.
  *
  * Reproduce a failure with the printed PA_TEST_SEED and PA_TEST_ONLY; the
  * seed can also be given as the first argument (--seed=N).
@@ -174,6 +177,7 @@ static void random_case(tu_rng *g, attn_case *c, int varlen) {
     }
   }
   fit_budget(c, 3e6);
+  if (!varlen && tu_chance(g, 0.35)) c->layout = (hx_layout)tu_int(g, 1, HX_NUM_LAYOUTS - 1);
 }
 
 /* ---- targeted cases ------------------------------------------------------------ */
@@ -372,6 +376,59 @@ static void targeted_features(void) {
   run_case(&c);
 }
 
+/* Strided caches (the 0.2 block_stride / head_stride) on every path: each
+ * layout with each cache dtype, block sizes 1, 3, 16 and 128 across them, in
+ * a batch whose prompt takes the packed kernels (100 rows per KV head) and
+ * whose decodes take the direct ones; then long decodes in small blocks,
+ * where the tiles' prefetch ranges are per head (no longer one per block),
+ * split-K over two threads, and 8 KV heads in 1-token blocks, more ranges
+ * than a tile's scratch holds. */
+static void targeted_strided(tu_rng *g) {
+  static const int block_sizes[] = {1, 3, 16, 128};
+  static const int q[] = {50, 40, 1, 1, 3}, k[] = {50, 90, 150, 1, 200};
+  for (int layout = HX_DENSE_EXPLICIT; layout < HX_NUM_LAYOUTS; layout++) {
+    for (int t = PA_F32; t <= PA_FP8_E5M2; t++) {
+      attn_case c = base_case("strided cache");
+      c.layout = (hx_layout)layout;
+      c.cache_dtype = (pa_dtype)t;
+      c.act = c.src_dtype = (pa_dtype)(t < PA_FP8_E4M3 ? t : (layout + t) % 3);
+      c.block_size = block_sizes[(layout + t) % 4];
+      set_seqs(&c, 5, q, k);
+      if (t >= PA_FP8_E4M3) pick_fp8_scales(g, &c);
+      c.plan = t % 3;
+      c.poison = layout % 2;
+      c.sinks = t == PA_F16;
+      c.alibi = t == PA_BF16;
+      run_case(&c);
+    }
+  }
+  static const int qd[] = {1, 1, 2}, kd[] = {700, 333, 517};
+  for (int layout = HX_DENSE_EXPLICIT; layout < HX_NUM_LAYOUTS; layout++) {
+    attn_case c = base_case("strided cache, long decode");
+    c.layout = (hx_layout)layout;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_size = layout % 2 ? 128 : 96;
+    c.block_size = layout % 2 ? 16 : 5;
+    c.act = c.src_dtype = c.cache_dtype = layout % 2 ? PA_BF16 : PA_F16;
+    set_seqs(&c, 3, qd, kd);
+    c.ctx = layout % 2; /* 1 and 2 threads: split-K on two */
+    run_case(&c);
+  }
+  static const int q1[] = {1, 1}, k1[] = {1100, 300};
+  for (int layout = HX_BLOCK_PADDED; layout < HX_NUM_LAYOUTS; layout++) {
+    attn_case c = base_case("strided cache, 8 kv heads in 1-token blocks");
+    c.layout = (hx_layout)layout;
+    c.num_heads = c.num_kv_heads = 8;
+    c.head_size = 32;
+    c.block_size = 1;
+    c.act = c.src_dtype = c.cache_dtype = (pa_dtype)(layout % 3);
+    set_seqs(&c, 2, q1, k1);
+    c.ctx = layout % AR_NUM_CTX;
+    run_case(&c);
+  }
+}
+
 /* Long decodes, which the library splits over threads. */
 static void targeted_long(void) {
   static const int q[] = {1, 1, 1, 3}, k[] = {2100, 2600, 37, 2003};
@@ -514,6 +571,9 @@ int main(int argc, char **argv) {
   t = tu_now();
   targeted_long();
   printf("  long contexts: %.2f s\n", tu_now() - t);
+  t = tu_now();
+  targeted_strided(&g);
+  printf("  strided caches: %.2f s\n", tu_now() - t);
   test_concurrent_contexts();
 
   t = tu_now();

@@ -37,16 +37,27 @@ static pa_layer *g_layer;                /* the fixture's */
 static pa_plan *g_plan;                  /* made for the fixture's layer and batch */
 static pa_plan *g_plan_mha, *g_plan_d32; /* made for layers of other geometry */
 static pa_kv_cache g_cache, g_cache2, g_fp8;
-static float *g_query, *g_out, *g_lse, *g_krows, *g_vrows;
+static float *g_query, *g_out, *g_lse, *g_krows, *g_vrows, *g_lse_a, *g_lse_b;
 /* Arrays of valid entries that end at an inaccessible page: a call that
  * believes a lying count reads past them and faults. */
 static int64_t *g_guarded_pairs, *g_guarded_slots;
 
-typedef enum entry { CONTEXT, HEAD_SIZE, LAYER, WRITE_KV, COPY, SWAP, PLAN, PAGED, VARLEN } entry;
+typedef enum entry {
+  CONTEXT,
+  HEAD_SIZE,
+  LAYER,
+  WRITE_KV,
+  COPY,
+  SWAP,
+  PLAN,
+  PAGED,
+  VARLEN,
+  MERGE
+} entry;
 static const char *const entry_names[] = {
-    "pa_context_create", "pa_validate_head_size", "pa_layer_create",
-    "pa_write_kv",       "pa_copy_blocks",        "pa_swap_blocks",
-    "pa_plan_create",    "pa_paged_attention",    "pa_varlen_attention"};
+    "pa_context_create",   "pa_validate_head_size", "pa_layer_create", "pa_write_kv",
+    "pa_copy_blocks",      "pa_swap_blocks",        "pa_plan_create",  "pa_paged_attention",
+    "pa_varlen_attention", "pa_merge_states"};
 
 /* Every argument of every entry point; defaults() makes each call valid. */
 typedef struct args {
@@ -96,6 +107,14 @@ typedef struct args {
   const int32_t *cu_seqlens_q, *cu_seqlens_k;
   const void *vkey, *vvalue;
   int64_t vkey_stride, vvalue_stride;
+  /* pa_merge_states: the query's rows and the key rows merged into out
+   * (and lse), as above */
+  int64_t merge_rows;
+  int merge_heads, merge_head_size;
+  pa_dtype merge_dtype;
+  const void *out_a, *out_b;
+  int64_t a_stride, b_stride;
+  const float *lse_a, *lse_b;
 } args;
 
 static pa_layer_config base_config(void) {
@@ -150,6 +169,15 @@ static void defaults(args *a) {
   memcpy(a->cu_k, (int32_t[]){0, 6, 15}, sizeof a->cu_k);
   a->cu_seqlens_q = a->qsl;
   a->cu_seqlens_k = a->cu_k;
+  a->merge_rows = ROWS;
+  a->merge_heads = NH;
+  a->merge_head_size = D;
+  a->merge_dtype = PA_F32;
+  a->out_a = g_query;
+  a->out_b = g_krows; /* KROWS x KW floats hold ROWS x QW */
+  a->a_stride = a->b_stride = QW;
+  a->lse_a = g_lse_a;
+  a->lse_b = g_lse_b;
 }
 
 static pa_status call(const args *a, entry e) {
@@ -171,6 +199,10 @@ static pa_status call(const args *a, entry e) {
       return pa_varlen_attention(a->ctx, a->layer, a->query, a->query_stride, a->vkey,
                                  a->vkey_stride, a->vvalue, a->vvalue_stride, a->num_seqs,
                                  a->cu_seqlens_q, a->cu_seqlens_k, a->out, a->out_stride, a->lse);
+    case MERGE:
+      return pa_merge_states(a->ctx, a->merge_rows, a->merge_heads, a->merge_head_size,
+                             a->merge_dtype, a->out_a, a->a_stride, a->lse_a, a->out_b, a->b_stride,
+                             a->lse_b, a->out, a->out_stride, a->lse);
   }
   return PA_OK;
 }
@@ -266,6 +298,24 @@ static pa_status call(const args *a, entry e) {
     a->cache.k_scale = -1.0f)                                                                      \
   X(write_fp8_v_scale_inf, WRITE_KV, INV, "v_scale", "inf", a->cache = g_fp8;                      \
     a->cache.v_scale = INFINITY)                                                                   \
+  /* pa_write_kv: the 0.2 strides (a tile is BS * D = 64 elements) */                              \
+  X(write_head_stride_negative, WRITE_KV, INV, "head_stride", "-1", a->cache.head_stride = -1)     \
+  X(write_block_stride_negative, WRITE_KV, INV, "block_stride", "-5", a->cache.block_stride = -5)  \
+  X(write_head_stride_below_tile, WRITE_KV, INV, "head_stride", "63", a->cache.head_stride = 63)   \
+  X(write_block_stride_below_heads, WRITE_KV, INV, "block_stride", "127",                          \
+    a->cache.block_stride = NKV * BS * D - 1)                                                      \
+  X(write_block_stride_below_strided_heads, WRITE_KV, INV, "block_stride", "= 255",                \
+    a->cache.head_stride = 2 * BS * D;                                                             \
+    a->cache.block_stride = 2 * NKV * BS * D - 1)                                                  \
+  X(write_block_stride_zero_with_strided_heads, WRITE_KV, INV, "block_stride", "= 256",            \
+    a->cache.head_stride = 2 * BS * D)                                                             \
+  X(write_head_stride_over_heads_overflow, WRITE_KV, INV, "head_stride", "4611686018427387904",    \
+    a->cache.head_stride = (int64_t)1 << 62;                                                       \
+    a->cache.block_stride = INT64_MAX)                                                             \
+  X(write_strided_extent_overflow, WRITE_KV, INV, "block_stride", "2305843009213693951",           \
+    a->cache.block_stride = INT64_MAX / 4)                                                         \
+  X(write_strided_extent_bytes_overflow, WRITE_KV, INV, "block_stride", NULL,                      \
+    a->cache.block_stride = INT64_MAX / 16)                                                        \
   /* pa_copy_blocks */                                                                             \
   X(copy_ctx_null, COPY, INV, "ctx", NULL, a->ctx = NULL)                                          \
   X(copy_caches_null, COPY, INV, "caches", NULL, a->caches_p = NULL)                               \
@@ -287,6 +337,15 @@ static pa_status call(const args *a, entry e) {
     a->caches[1].block_size = 0)                                                                   \
   X(copy_second_cache_fp8_scale_nan, COPY, INV, "v_scale", "caches[1]", a->caches[1] = g_fp8;      \
     a->caches[1].v_scale = NAN)                                                                    \
+  X(copy_second_cache_head_stride_negative, COPY, INV, "caches[1]->head_stride", "-64",            \
+    a->caches[1].head_stride = -64)                                                                \
+  X(copy_first_cache_head_stride_below_tile, COPY, INV, "caches[0]->head_stride", "1",             \
+    a->caches[0].head_stride = 1)                                                                  \
+  X(copy_second_cache_block_stride_below_heads, COPY, INV, "caches[1]->block_stride", "200",       \
+    a->caches[1].head_stride = 2 * BS * D;                                                         \
+    a->caches[1].block_stride = 200)                                                               \
+  X(copy_second_cache_strided_extent_overflow, COPY, INV, "caches[1]->block_stride", NULL,         \
+    a->caches[1].block_stride = INT64_MAX / 2)                                                     \
   /* pa_swap_blocks */                                                                             \
   X(swap_ctx_null, SWAP, INV, "ctx", NULL, a->ctx = NULL)                                          \
   X(swap_src_null, SWAP, INV, "src", NULL, a->cache_p = NULL)                                      \
@@ -308,6 +367,17 @@ static pa_status call(const args *a, entry e) {
     a->other.num_blocks = 3;                                                                       \
     memcpy(a->pairs, (int64_t[]){0, 1, 5, 3}, sizeof a->pairs))                                    \
   X(swap_src_head_size_1025, SWAP, INV, "head_size", "1025", a->cache.head_size = 1025)            \
+  X(swap_src_head_stride_negative, SWAP, INV, "src->head_stride", "-1", a->cache.head_stride = -1) \
+  X(swap_dst_block_stride_negative, SWAP, INV, "dst->block_stride", "-128",                        \
+    a->other.block_stride = -128)                                                                  \
+  X(swap_dst_head_stride_below_tile, SWAP, INV, "dst->head_stride", "32",                          \
+    a->other.head_stride = 32)                                                                     \
+  X(swap_src_block_stride_below_strided_heads, SWAP, INV, "src->block_stride", "192",              \
+    a->cache.head_stride = 2 * BS * D;                                                             \
+    a->cache.block_stride = 192)                                                                   \
+  X(swap_dst_strided_extent_overflow, SWAP, INV, "dst->block_stride", NULL,                        \
+    a->other.head_stride = INT64_MAX / 8;                                                          \
+    a->other.block_stride = INT64_MAX / 4)                                                         \
   /* pa_plan_create */                                                                             \
   X(plan_ctx_null, PLAN, INV, "ctx", NULL, a->ctx = NULL)                                          \
   X(plan_layer_null, PLAN, INV, "layer", NULL, a->layer = NULL)                                    \
@@ -366,6 +436,20 @@ static pa_status call(const args *a, entry e) {
   X(paged_fp8_k_scale_nan, PAGED, INV, "k_scale", "nan", a->cache = g_fp8; a->cache.k_scale = NAN) \
   X(paged_fp8_v_scale_negative, PAGED, INV, "v_scale", "-0.25", a->cache = g_fp8;                  \
     a->cache.v_scale = -0.25f)                                                                     \
+  X(paged_cache_head_stride_negative, PAGED, INV, "head_stride", "-9223372036854775808",           \
+    a->cache.head_stride = INT64_MIN)                                                              \
+  X(paged_cache_block_stride_negative, PAGED, INV, "block_stride", "-1",                           \
+    a->cache.block_stride = -1)                                                                    \
+  X(paged_cache_head_stride_below_tile, PAGED, INV, "head_stride", "48",                           \
+    a->cache.head_stride = 48)                                                                     \
+  X(paged_cache_block_stride_below_heads, PAGED, INV, "block_stride", "100",                       \
+    a->cache.block_stride = 100)                                                                   \
+  X(paged_cache_block_stride_below_strided_heads, PAGED, INV, "block_stride", "= 255",             \
+    a->cache.head_stride = 2 * BS * D;                                                             \
+    a->cache.block_stride = 255)                                                                   \
+  X(paged_cache_strided_extent_overflow, PAGED, INV, "block_stride", NULL,                         \
+    a->cache.head_stride = 1 << 20;                                                                \
+    a->cache.block_stride = INT64_MAX / 7)                                                         \
   /* pa_paged_attention: a plan made for something else */                                         \
   X(paged_plan_other_seq_lens, PAGED, INV, "plan", "10", a->plan = g_plan; a->seq_lens[1] = 10)    \
   X(paged_plan_other_split, PAGED, INV, "plan", NULL, a->plan = g_plan; a->qsl[1] = 2)             \
@@ -393,7 +477,30 @@ static pa_status call(const args *a, entry e) {
     a->cu_k[2] = 6)                                                                                \
   X(varlen_key_stride_overflow_near_int32_max, VARLEN, INV, "key_stride", NULL,                    \
     a->cu_k[2] = INT32_MAX;                                                                        \
-    a->vkey_stride = INT64_MAX / 1024)
+    a->vkey_stride = INT64_MAX / 1024)                                                             \
+  /* pa_merge_states */                                                                            \
+  X(merge_ctx_null, MERGE, INV, "ctx", NULL, a->ctx = NULL)                                        \
+  X(merge_num_rows_negative, MERGE, INV, "num_rows", "-1", a->merge_rows = -1)                     \
+  X(merge_num_heads_zero, MERGE, INV, "num_heads", "0", a->merge_heads = 0)                        \
+  X(merge_num_heads_over_limit, MERGE, INV, "num_heads", "65537", a->merge_heads = 65537)          \
+  X(merge_head_size_zero, MERGE, INV, "head_size", "0", a->merge_head_size = 0)                    \
+  X(merge_head_size_1025, MERGE, INV, "head_size", "1025", a->merge_head_size = 1025)              \
+  X(merge_dtype_fp8_e4m3, MERGE, UNS, "dtype", "fp8_e4m3", a->merge_dtype = PA_FP8_E4M3)           \
+  X(merge_dtype_invalid, MERGE, INV, "dtype", "9", a->merge_dtype = (pa_dtype)9)                   \
+  X(merge_out_a_null, MERGE, INV, "out_a", NULL, a->out_a = NULL)                                  \
+  X(merge_lse_a_null, MERGE, INV, "lse_a", NULL, a->lse_a = NULL)                                  \
+  X(merge_out_b_null, MERGE, INV, "out_b", NULL, a->out_b = NULL)                                  \
+  X(merge_lse_b_null, MERGE, INV, "lse_b", NULL, a->lse_b = NULL)                                  \
+  X(merge_out_null, MERGE, INV, "out", NULL, a->out = NULL)                                        \
+  X(merge_a_stride_short, MERGE, INV, "a_stride", "63", a->a_stride = QW - 1)                      \
+  X(merge_b_stride_negative, MERGE, INV, "b_stride", "-1", a->b_stride = -1)                       \
+  X(merge_out_stride_zero, MERGE, INV, "out_stride", "0", a->out_stride = 0)                       \
+  X(merge_a_stride_overflow, MERGE, INV, "a_stride", NULL, a->a_stride = INT64_MAX / 2)            \
+  /* rows of one f16 fit the address space; their lse floats do not */                             \
+  X(merge_lse_overflow, MERGE, INV, "num_rows", "2305843009213693952",                             \
+    a->merge_rows = (int64_t)1 << 61;                                                              \
+    a->merge_heads = a->merge_head_size = 1; a->merge_dtype = PA_F16;                              \
+    a->a_stride = a->b_stride = a->out_stride = 1)
 
 #define DEFINE_EDIT(name, entry, status, arg, value, ...) \
   static void edit_##name(args *a) { __VA_ARGS__; }
@@ -573,6 +680,11 @@ static void setup(void) {
   watch("query", g_query, ROWS * QW * sizeof(float));
   watch("key rows", g_krows, KROWS * KW * sizeof(float));
   watch("value rows", g_vrows, KROWS * KW * sizeof(float));
+  g_lse_a = tu_malloc(ROWS * NH * sizeof(float));
+  g_lse_b = tu_malloc(ROWS * NH * sizeof(float));
+  for (int i = 0; i < ROWS * NH; i++) g_lse_a[i] = g_lse_b[i] = (float)(i % 5) - 1.0f;
+  watch("lse_a", g_lse_a, ROWS * NH * sizeof(float));
+  watch("lse_b", g_lse_b, ROWS * NH * sizeof(float));
   g_guarded_pairs = guarded_i64(4);
   g_guarded_slots = guarded_i64(3);
 }
@@ -586,7 +698,7 @@ static void destroy_made(args *a) {
 /* The valid call each row breaks must work, or the row proves nothing. */
 static int fixture_works(void) {
   long before = tu_failures;
-  for (int e = CONTEXT; e <= VARLEN; e++) {
+  for (int e = CONTEXT; e <= MERGE; e++) {
     args a;
     defaults(&a);
     pa_status st = call(&a, (entry)e);
@@ -647,12 +759,12 @@ int main(void) {
     fprintf(stderr, "the valid fixture calls fail; the catalogue would mean nothing\n");
     return tu_finish("test_catalogue");
   }
-  int per_entry[VARLEN + 1] = {0};
+  int per_entry[MERGE + 1] = {0};
   for (int i = 0; i < CATALOGUE_SIZE; i++) {
     run_row(&catalogue[i]);
     per_entry[catalogue[i].entry]++;
   }
-  for (int e = CONTEXT; e <= VARLEN; e++) printf("  %-22s %d\n", entry_names[e], per_entry[e]);
+  for (int e = CONTEXT; e <= MERGE; e++) printf("  %-22s %d\n", entry_names[e], per_entry[e]);
   TU_CHECK(CATALOGUE_SIZE >= 40, "the catalogue has %d rows", (int)CATALOGUE_SIZE);
   pa_plan_destroy(g_plan);
   pa_plan_destroy(g_plan_mha);

@@ -365,6 +365,21 @@ static void test_write_kv(void) {
   BAD_CACHE(INV, "k_scale", g_fp8, k_scale, INFINITY);
   BAD_CACHE(INV, "v_scale", g_fp8, v_scale, NAN);
   BAD_CACHE(INV, "v_scale", g_fp8, v_scale, 0.0f);
+  /* The 0.2 strides: a tile is BS * D = 64 elements, a dense block 128. */
+  BAD_CACHE(INV, "head_stride", g_cache, head_stride, -1);
+  BAD_CACHE(INV, "head_stride", g_cache, head_stride, BS * D - 1);
+  message_has(__LINE__, "63");
+  message_has(__LINE__, "64");
+  BAD_CACHE(INV, "block_stride", g_cache, block_stride, INT64_MIN);
+  BAD_CACHE(INV, "block_stride", g_cache, block_stride, NKV * BS * D - 1);
+  message_has(__LINE__, "127");
+  BAD_CACHE(INV, "block_stride", g_cache, head_stride, 2 * BS * D); /* block_stride 0 */
+  c = g_cache;
+  c.head_stride = 2 * BS * D;
+  c.block_stride = 2 * NKV * BS * D - 1;
+  EXPECT(INV, "block_stride", pa_write_kv(g_ctx, &c, k, KW, v, KW, PA_F32, 3, g_slots));
+  message_has(__LINE__, "255");
+  BAD_CACHE(INV, "block_stride", g_cache, block_stride, INT64_MAX / 4);
 #undef BAD_CACHE
 
   /* A slot past the cache is out of range and nothing is written, not even
@@ -408,6 +423,13 @@ static void test_copy_swap(void) {
   broken[1] = g_cache2;
   broken[1].block_size = 0;
   EXPECT(INV, "block_size", pa_copy_blocks(g_ctx, broken, 2, g_pairs, 2));
+  broken[1] = g_cache2;
+  broken[1].head_stride = -BS * D;
+  EXPECT(INV, "caches[1]->head_stride", pa_copy_blocks(g_ctx, broken, 2, g_pairs, 2));
+  broken[1] = g_cache2;
+  broken[1].head_stride = 2 * BS * D;
+  broken[1].block_stride = 2 * BS * D; /* one head's worth for two heads */
+  EXPECT(INV, "caches[1]->block_stride", pa_copy_blocks(g_ctx, broken, 2, g_pairs, 2));
 
   const pa_kv_cache *src = &g_cache, *dst = &g_cache2;
   EXPECT(INV, "ctx", pa_swap_blocks(NULL, src, dst, g_pairs, 2));
@@ -436,7 +458,13 @@ static void test_copy_swap(void) {
   BAD_DST("dst", src, dtype, PA_BF16);
   BAD_DST("dst", &g_fp8, k_scale, 0.75f);
   BAD_DST("dst", &g_fp8, v_scale, 1.0f);
+  BAD_DST("dst->head_stride", src, head_stride, -1);
+  BAD_DST("dst->block_stride", src, block_stride, 1);
+  BAD_DST("dst->block_stride", src, block_stride, INT64_MAX / 2);
 #undef BAD_DST
+  d = g_cache;
+  d.head_stride = 1;
+  EXPECT(INV, "src->head_stride", pa_swap_blocks(g_ctx, &d, dst, low_pairs, 2));
 
   /* Ids: the source's against the source, the destination's against the
    * destination, whose num_blocks may differ (little: g_cache2's memory
@@ -564,7 +592,67 @@ static void test_paged_attention(void) {
   BAD_CACHE(INV, "k_scale", g_fp8, k_scale, NAN);
   BAD_CACHE(INV, "v_scale", g_fp8, v_scale, INFINITY);
   BAD_CACHE(INV, "v_scale", g_fp8, v_scale, -0.25f);
+  BAD_CACHE(INV, "head_stride", g_cache, head_stride, -2);
+  BAD_CACHE(INV, "head_stride", g_cache, head_stride, 1);
+  BAD_CACHE(INV, "block_stride", g_cache, block_stride, -3);
+  BAD_CACHE(INV, "block_stride", g_cache, block_stride, NKV * BS * D / 2);
+  BAD_CACHE(INV, "block_stride", g_cache, head_stride, 3 * BS * D);
+  BAD_CACHE(INV, "head_stride", g_cache, head_stride, INT64_MAX);
 #undef BAD_CACHE
+}
+
+/* The strides of a valid layout are accepted everywhere: vLLM's, one buffer
+ * with each head's key tile followed by its value tile (g_cache's memory
+ * has room to spare). */
+static void test_valid_strides(void) {
+  pa_kv_cache c = g_cache, d = g_cache2;
+  c.value = (float *)c.key + BS * D;
+  c.head_stride = 2 * BS * D;
+  c.block_stride = NKV * c.head_stride;
+  OK(pa_write_kv(g_ctx, &c, g_krows, KW, g_vrows, KW, PA_F32, 3, g_slots));
+  OK(pa_copy_blocks(g_ctx, &c, 1, g_pairs, 2));
+  OK(pa_swap_blocks(g_ctx, &c, &d, g_pairs, 2));
+  OK(pa_swap_blocks(g_ctx, &d, &c, g_pairs, 2));
+  OK(paged(g_layer, NULL, &c, &g_batch));
+  /* One block: its block stride is never stepped, any value past the
+   * heads will do. */
+  c.num_blocks = 1;
+  c.block_stride = INT64_MAX;
+  int64_t slot0[3] = {0, 1, -1};
+  OK(pa_write_kv(g_ctx, &c, g_krows, KW, g_vrows, KW, PA_F32, 3, slot0));
+  snapshot();
+}
+
+static void test_merge_states(void) {
+  float la[ROWS * NH], lb[ROWS * NH];
+  for (int i = 0; i < ROWS * NH; i++) la[i] = lb[i] = 0.5f * (float)(i % 3);
+  const float *A = g_query, *B = g_krows;
+#define MERGE(ctx, rows, heads, hs, t, a, as, lsa, b, bs, lsb, o, os) \
+  pa_merge_states(ctx, rows, heads, hs, t, a, as, lsa, b, bs, lsb, o, os, g_lse)
+  OK(MERGE(g_ctx, ROWS, NH, D, PA_F32, A, QW, la, B, QW, lb, g_out, QW));
+  snapshot();
+  EXPECT(INV, "ctx", MERGE(NULL, ROWS, NH, D, PA_F32, A, QW, la, B, QW, lb, g_out, QW));
+  EXPECT(INV, "num_rows", MERGE(g_ctx, -1, NH, D, PA_F32, A, QW, la, B, QW, lb, g_out, QW));
+  EXPECT(INV, "num_heads", MERGE(g_ctx, ROWS, 0, D, PA_F32, A, QW, la, B, QW, lb, g_out, QW));
+  EXPECT(INV, "head_size", MERGE(g_ctx, ROWS, NH, 0, PA_F32, A, QW, la, B, QW, lb, g_out, QW));
+  EXPECT(INV, "head_size", MERGE(g_ctx, ROWS, NH, 1025, PA_F32, A, QW, la, B, QW, lb, g_out, QW));
+  message_has(__LINE__, "1025");
+  EXPECT(UNS, "dtype", MERGE(g_ctx, ROWS, NH, D, PA_FP8_E5M2, A, QW, la, B, QW, lb, g_out, QW));
+  EXPECT(INV, "dtype", MERGE(g_ctx, ROWS, NH, D, (pa_dtype)-1, A, QW, la, B, QW, lb, g_out, QW));
+  EXPECT(INV, "out_a", MERGE(g_ctx, ROWS, NH, D, PA_F32, NULL, QW, la, B, QW, lb, g_out, QW));
+  EXPECT(INV, "lse_a", MERGE(g_ctx, ROWS, NH, D, PA_F32, A, QW, NULL, B, QW, lb, g_out, QW));
+  EXPECT(INV, "out_b", MERGE(g_ctx, ROWS, NH, D, PA_F32, A, QW, la, NULL, QW, lb, g_out, QW));
+  EXPECT(INV, "lse_b", MERGE(g_ctx, ROWS, NH, D, PA_F32, A, QW, la, B, QW, NULL, g_out, QW));
+  EXPECT(INV, "out", MERGE(g_ctx, ROWS, NH, D, PA_F32, A, QW, la, B, QW, lb, NULL, QW));
+  EXPECT(INV, "a_stride", MERGE(g_ctx, ROWS, NH, D, PA_F32, A, QW - 1, la, B, QW, lb, g_out, QW));
+  message_has(__LINE__, "63");
+  EXPECT(INV, "b_stride", MERGE(g_ctx, ROWS, NH, D, PA_F32, A, QW, la, B, 0, lb, g_out, QW));
+  EXPECT(INV, "out_stride", MERGE(g_ctx, ROWS, NH, D, PA_F32, A, QW, la, B, QW, lb, g_out, -QW));
+  EXPECT(INV, "out_stride",
+         MERGE(g_ctx, ROWS, NH, D, PA_F32, A, QW, la, B, QW, lb, g_out, INT64_MAX / 2));
+  /* No rows: nothing to look at, not even the tensors. */
+  OK(MERGE(g_ctx, 0, NH, D, PA_F32, NULL, 0, NULL, NULL, 0, NULL, NULL, 0));
+#undef MERGE
 }
 
 /* A plan serves one geometry and one set of lengths; anything else is an
@@ -684,6 +772,8 @@ int main(void) {
   test_copy_swap();
   test_plan_create();
   test_paged_attention();
+  test_valid_strides();
+  test_merge_states();
   test_plan_mismatch();
   test_varlen();
   test_thread_local_errors();

@@ -2,7 +2,11 @@
  * pa_write_kv, pa_copy_blocks and pa_swap_blocks, byte for byte: every
  * F16/BF16 code and every rounding midpoint of the narrow formats go through
  * pa_write_kv into every cache dtype; padding slots, repeated slots and
- * chains of block pairs follow the header's order rules.
+ * chains of block pairs follow the header's order rules. The same writes,
+ * copies and swaps over strided caches (0.2: block_stride, head_stride) in
+ * every layout of harness.h, swaps between caches of different layouts
+ * included, must store the same tiles and leave every byte between the
+ * tiles as it was.
  */
 #include <float.h>
 #include <math.h>
@@ -44,7 +48,7 @@ static void write_and_check(const char *tag, pa_context *ctx, const pa_kv_cache 
   unsigned char *img[4];
   for (int i = 0; i < 4; i++) {
     img[i] = tu_malloc(bytes);
-    memcpy(img[i], i % 2 ? cache->value : cache->key, bytes);
+    hx_gather_tiles(cache, i % 2, img[i]);
   }
   hx_expect_write(cache, img[0], img[1], img[2], img[3], key, ks, value, vs, src, n, slots);
   pa_status st = pa_write_kv(ctx, cache, key, ks, value, vs, src, n, slots);
@@ -336,6 +340,218 @@ static void test_big_copy(tu_rng *rng) {
   free_cache(&c);
 }
 
+/* ---- strided caches ------------------------------------------------------- */
+
+typedef struct strided_cache {
+  pa_kv_cache c;
+  hx_cache_mem mem;
+} strided_cache;
+
+static strided_cache make_strided(tu_rng *rng, hx_layout layout, int64_t num_blocks, int block_size,
+                                  int nkv, int d, pa_dtype t) {
+  strided_cache s;
+  memset(&s, 0, sizeof s);
+  s.c.num_blocks = num_blocks;
+  s.c.block_size = block_size;
+  s.c.num_kv_heads = nkv;
+  s.c.head_size = d;
+  s.c.dtype = t;
+  s.c.k_scale = 0.5f;
+  s.c.v_scale = 0.25f;
+  hx_cache_alloc(rng, &s.c, layout, &s.mem);
+  /* Random tile bytes (NaN patterns included): copies move bytes. */
+  unsigned char *tiles = tu_malloc(hx_cache_bytes(&s.c) + 1);
+  for (int side = 0; side < 2; side++) {
+    tu_fill_random_bytes(rng, tiles, hx_cache_bytes(&s.c));
+    hx_scatter_tiles(&s.c, side, tiles);
+  }
+  free(tiles);
+  return s;
+}
+
+/* Dense images of both sides' tiles. */
+static void gather_both(const pa_kv_cache *c, unsigned char *img[2]) {
+  for (int side = 0; side < 2; side++) {
+    img[side] = tu_malloc(hx_cache_bytes(c) + 1);
+    hx_gather_tiles(c, side, img[side]);
+  }
+}
+
+/* The cache's tiles against dense images, and its padding. */
+static void compare_tiles(const char *tag, const strided_cache *s, unsigned char *const img[2]) {
+  size_t bytes = hx_cache_bytes(&s->c), bb = bytes / (size_t)s->c.num_blocks;
+  unsigned char *got = tu_malloc(bytes + 1);
+  for (int side = 0; side < 2; side++) {
+    hx_gather_tiles(&s->c, side, got);
+    if (memcmp(got, img[side], bytes) == 0) continue;
+    size_t i = 0;
+    while (got[i] == img[side][i]) i++;
+    TU_CHECK(0, "%s: %s tiles differ first in block %zu (byte %zu of its tiles)", tag,
+             side ? "value" : "key", i / bb, i % bb);
+  }
+  tu_checks++;
+  free(got);
+  hx_check_padding(tag, &s->c, &s->mem);
+}
+
+/* pa_write_kv into every layout and cache dtype: the tiles the contract
+ * says, nothing between them; long enough that 3 threads split each row. */
+static void test_strided_write(tu_rng *rng) {
+  static const int block_sizes[] = {1, 5, 16};
+  for (int layout = HX_DENSE; layout < HX_NUM_LAYOUTS; layout++) {
+    for (int t = PA_F32; t <= PA_FP8_E5M2; t++) {
+      const int nkv = 3, d = 40, bs = block_sizes[(layout + t) % 3], width = nkv * d;
+      int64_t nb = 160 / bs + 2;
+      pa_dtype src = (pa_dtype)((layout + 2 * t) % 3);
+      char tag[128];
+      snprintf(tag, sizeof tag, "write %s rows into a %s cache of block_size %d, %s layout",
+               pa_dtype_name(src), pa_dtype_name((pa_dtype)t), bs,
+               hx_layout_name((hx_layout)layout));
+      strided_cache s = make_strided(rng, (hx_layout)layout, nb, bs, nkv, d, (pa_dtype)t);
+      int64_t *slots = tu_malloc((size_t)(2 * nb * bs + 2) * sizeof(int64_t));
+      int64_t rows = shuffled_slots(rng, nb * bs - 3, slots);
+      slots[rows++] = slots[0]; /* a repeated slot: the later row wins */
+      int64_t ks = width + 2, vs = width;
+      void *krows = hx_alloc_rows(rows, ks, src), *vrows = hx_alloc_rows(rows, vs, src);
+      hx_fill_rows(rng, krows, ks, rows, width, src, 3.0);
+      hx_fill_rows(rng, vrows, vs, rows, width, src, 3.0);
+      write_and_check(tag, t % 2 ? g_ctx3 : g_ctx1, &s.c, krows, ks, vrows, vs, src, rows, slots);
+      hx_check_padding(tag, &s.c, &s.mem);
+      free(krows);
+      free(vrows);
+      free(slots);
+      hx_cache_free(&s.mem);
+    }
+  }
+}
+
+/* pa_copy_blocks over three caches of three layouts at once: chains,
+ * repeated destinations, self copies; with 1 and 3 threads, and big enough
+ * for 3 threads to cut blocks mid-tile. */
+static void test_strided_copy(tu_rng *rng) {
+  for (int round = 0; round < 2 * HX_NUM_LAYOUTS; round++) {
+    const int num_caches = 3;
+    const int64_t nb = 12;
+    int big = round >= HX_NUM_LAYOUTS;
+    strided_cache caches[3];
+    pa_kv_cache plain[3];
+    unsigned char *img[3][2];
+    for (int i = 0; i < num_caches; i++) {
+      hx_layout layout = (hx_layout)((round + 2 * i) % HX_NUM_LAYOUTS);
+      caches[i] = make_strided(rng, layout, nb, big ? 16 : 3 + i, 2 + i % 2, big ? 128 : 12,
+                               (pa_dtype)((round + i) % 5));
+      plain[i] = caches[i].c;
+      gather_both(&plain[i], img[i]);
+    }
+    int64_t pairs[2 * 40] = {0, 1, 1, 2, 2, 3, 7, 5, 8, 5, 4, 4, 9, 10, 10, 9};
+    int64_t n = 8;
+    while (n < 40) {
+      pairs[2 * n] = tu_int(rng, 0, (int)nb - 1);
+      pairs[2 * n + 1] = tu_int(rng, 0, (int)nb - 1);
+      n++;
+    }
+    for (int i = 0; i < num_caches; i++)
+      apply_pairs(&plain[i], img[i][0], img[i][1], img[i][0], img[i][1], pairs, n);
+    pa_status st = pa_copy_blocks(round % 2 ? g_ctx1 : g_ctx3, plain, num_caches, pairs, n);
+    char tag[96];
+    snprintf(tag, sizeof tag, "pa_copy_blocks over %s, %s and %s caches%s",
+             hx_layout_name((hx_layout)(round % HX_NUM_LAYOUTS)),
+             hx_layout_name((hx_layout)((round + 2) % HX_NUM_LAYOUTS)),
+             hx_layout_name((hx_layout)((round + 4) % HX_NUM_LAYOUTS)), big ? ", big blocks" : "");
+    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    for (int i = 0; i < num_caches; i++) {
+      compare_tiles(tag, &caches[i], img[i]);
+      free(img[i][0]);
+      free(img[i][1]);
+      hx_cache_free(&caches[i].mem);
+    }
+  }
+}
+
+/* pa_swap_blocks between caches of the same geometry in different layouts:
+ * a strided device cache and a dense host pool, both ways, padded ones,
+ * and two strided layouts; the source keeps every byte, the destination
+ * its padding. */
+static void test_strided_swap(tu_rng *rng) {
+  static const hx_layout pairs_of_layouts[][2] = {
+      {HX_VLLM, HX_DENSE},          {HX_DENSE, HX_VLLM},
+      {HX_VLLM_PADDED, HX_DENSE},   {HX_SEPARATE_PADDED, HX_VLLM_PADDED},
+      {HX_BLOCK_PADDED, HX_VLLM},   {HX_VLLM, HX_VLLM_PADDED},
+      {HX_DENSE_EXPLICIT, HX_VLLM}, {HX_VLLM_PADDED, HX_SEPARATE_PADDED},
+  };
+  for (int i = 0; i < (int)(sizeof pairs_of_layouts / sizeof pairs_of_layouts[0]); i++) {
+    pa_dtype t = (pa_dtype)(i % 5);
+    int big = i % 3 == 0; /* enough bytes for 3 threads to share the blocks */
+    int bs = big ? 16 : 7, nkv = 4, d = big ? 128 : 20;
+    strided_cache dev = make_strided(rng, pairs_of_layouts[i][0], 10, bs, nkv, d, t);
+    strided_cache host = make_strided(rng, pairs_of_layouts[i][1], 25, bs, nkv, d, t);
+    unsigned char *img[2][2];
+    gather_both(&dev.c, img[0]);
+    gather_both(&host.c, img[1]);
+    int64_t out[2 * 6] = {0, 24, 3, 11, 9, 0, 3, 24, 5, 12, 6, 13};
+    int64_t in[2 * 4] = {24, 1, 11, 2, 0, 9, 13, 9};
+    char tag[128];
+    snprintf(tag, sizeof tag, "pa_swap_blocks %s, %s to %s", pa_dtype_name(t),
+             hx_layout_name(pairs_of_layouts[i][0]), hx_layout_name(pairs_of_layouts[i][1]));
+    unsigned char *dev_bytes[2] = {NULL, NULL};
+    for (int m = 0; m < 2; m++) {
+      if (!dev.mem.buf[m]) continue;
+      dev_bytes[m] = tu_malloc(dev.mem.bytes[m]);
+      memcpy(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]);
+    }
+    apply_pairs(&dev.c, img[0][0], img[0][1], img[1][0], img[1][1], out, 6);
+    pa_status st = pa_swap_blocks(big ? g_ctx3 : g_ctx1, &dev.c, &host.c, out, 6);
+    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    compare_tiles(tag, &host, img[1]);
+    for (int m = 0; m < 2; m++)
+      TU_CHECK(!dev_bytes[m] || memcmp(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]) == 0,
+               "%s: the source's buffer %d changed", tag, m);
+
+    snprintf(tag, sizeof tag, "pa_swap_blocks %s, %s back to %s", pa_dtype_name(t),
+             hx_layout_name(pairs_of_layouts[i][1]), hx_layout_name(pairs_of_layouts[i][0]));
+    apply_pairs(&host.c, img[1][0], img[1][1], img[0][0], img[0][1], in, 4);
+    st = pa_swap_blocks(big ? g_ctx1 : g_ctx3, &host.c, &dev.c, in, 4);
+    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    compare_tiles(tag, &dev, img[0]);
+    compare_tiles("pa_swap_blocks leaves its source alone", &host, img[1]);
+    for (int m = 0; m < 2; m++) {
+      free(img[m][0]);
+      free(img[m][1]);
+      free(dev_bytes[m]);
+    }
+    hx_cache_free(&dev.mem);
+    hx_cache_free(&host.mem);
+  }
+}
+
+/* An initialiser of 0.1's nine fields still describes the dense layout
+ * (the new fields are zero). -Wextra warns about the missing fields, which
+ * is the point here. */
+static void test_positional_initialiser(void) {
+  enum { NB = 3, BS = 2, NKV = 2, D = 4 };
+  static float key[NB * NKV * BS * D], value[NB * NKV * BS * D];
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#endif
+  pa_kv_cache cache = {key, value, NB, BS, NKV, D, PA_F32, 1.0f, 1.0f};
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+  TU_CHECK(cache.block_stride == 0 && cache.head_stride == 0,
+           "a nine-field initialiser leaves block_stride %lld, head_stride %lld",
+           (long long)cache.block_stride, (long long)cache.head_stride);
+  float rows[2][NKV * D];
+  for (int i = 0; i < NKV * D; i++) rows[0][i] = (float)i, rows[1][i] = (float)(100 + i);
+  int64_t slots[2] = {5, 0}; /* block 2 offset 1, block 0 offset 0 */
+  write_and_check("nine-field initialiser", g_ctx1, &cache, rows, NKV * D, rows, NKV * D, PA_F32, 2,
+                  slots);
+  /* Dense by hand: [block][head][offset][dim]. */
+  TU_CHECK(key[((2 * NKV + 1) * BS + 1) * D + 3] == (float)(D + 3) && value[D + 3] == 0.0f &&
+               key[(1 * BS + 0) * D + 2] == (float)(100 + D + 2),
+           "nine-field initialiser: not the dense layout");
+}
+
 int main(int argc, char **argv) {
   uint64_t seed = tu_seed_from_args(argc, argv, 777);
   if (pa_context_create(1, &g_ctx1) != PA_OK || pa_context_create(3, &g_ctx3) != PA_OK) {
@@ -351,6 +567,10 @@ int main(int argc, char **argv) {
   test_copy_blocks(&rng);
   test_swap_blocks(&rng);
   test_big_copy(&rng);
+  test_strided_write(&rng);
+  test_strided_copy(&rng);
+  test_strided_swap(&rng);
+  test_positional_initialiser();
   pa_context_destroy(g_ctx1);
   pa_context_destroy(g_ctx3);
   printf("test_kv_cache: %.2f s; fp8 elements matching only x * (1 / scale): %ld\n", tu_now() - t0,

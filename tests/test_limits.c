@@ -38,7 +38,7 @@ typedef struct big_cache {
 static int map_cache(big_cache *b, pa_dtype t, int64_t num_blocks, int block_size, int nkv,
                      int hs) {
   memset(b, 0, sizeof *b);
-  b->c = (pa_kv_cache){NULL, NULL, num_blocks, block_size, nkv, hs, t, 0.5f, 0.25f};
+  b->c = (pa_kv_cache){NULL, NULL, num_blocks, block_size, nkv, hs, t, 0.5f, 0.25f, 0, 0};
   b->bytes = (size_t)hx_cache_bytes(&b->c);
   b->c.key = map_sparse(b->bytes);
   b->c.value = map_sparse(b->bytes);
@@ -199,7 +199,7 @@ static void test_big_cache(pa_dtype t, int64_t num_blocks) {
   float query[4 * QW], out[5 * QW], lse[4 * NH + 4];
   double ref_out[4 * QW], ref_lse[4 * NH], vmax[4];
   hx_fill_rows(&rng, query, QW, 4, QW, PA_F32, 1.0);
-  ref_cache rc = {c->key, c->value, nb, BS, NKV, HS, hx_ref_dtype(t), c->k_scale, c->v_scale};
+  ref_cache rc = {c->key, c->value, nb, BS, NKV, HS, hx_ref_dtype(t), c->k_scale, c->v_scale, 0, 0};
   ref_paged_attention(&ref, REF_F32, query, QW, &rc, 2, qsl, seq_lens, bt, STRIDE, ref_out, ref_lse,
                       vmax);
   for (int i = 0; i < 2 && layer; i++) {
@@ -413,7 +413,7 @@ static void test_lone_row_strides(void) {
   }
 
   /* Paged: one query row over a small cache. */
-  pa_kv_cache cache = {NULL, NULL, 2, BS, NKV, HS, PA_F32, 1.0f, 1.0f};
+  pa_kv_cache cache = {NULL, NULL, 2, BS, NKV, HS, PA_F32, 1.0f, 1.0f, 0, 0};
   cache.key = tu_calloc(1, hx_cache_bytes(&cache));
   cache.value = tu_calloc(1, hx_cache_bytes(&cache));
   int64_t slots[KEYS];

@@ -288,10 +288,43 @@ static void test_paged_gather(void) {
     key[slot] = ref_e4m3_encode(tok_k[t] / 0.5f);
     val[slot] = ref_e4m3_encode(-tok_k[t] / 0.25f);
   }
-  ref_cache c = {key, val, 3, 2, 1, 1, REF_E4M3, 0.5, 0.25};
+  ref_cache c = {key, val, 3, 2, 1, 1, REF_E4M3, 0.5, 0.25, 0, 0};
   double k[3], v[3];
   ref_gather_paged(&c, table, 3, k, v);
   TU_CHECK(k[0] == 1 && k[1] == 2 && k[2] == 3 && v[0] == -1 && v[2] == -3, "gather");
+
+  /* vLLM's CPU layout, worked out by hand: one f32 buffer [3 blocks][2
+   * heads][2 * block_size 2][head_size 1], key tiles first in each head's
+   * slot, value tiles after, and 1 element of padding after each block
+   * (block_stride 2 * 4 + 1). Element (b, h, t) of key is b * 9 + h * 4 + t;
+   * value is 2 further on. */
+  float buf[3 * 9];
+  for (int i = 0; i < 27; i++) buf[i] = (float)(1000 + i);
+  ref_cache s = {buf, buf + 2, 3, 2, 2, 1, REF_F32, 1, 1, 9, 4};
+  TU_CHECK(ref_cache_index(&s, 2, 1, 1, 0) == 23, "strided index: %lld",
+           (long long)ref_cache_index(&s, 2, 1, 1, 0));
+  double sk[3 * 2], sv[3 * 2];
+  ref_gather_paged(&s, table, 3, sk, sv);
+  /* Token 2 (block 0, offset 0), head 1: key at 4, value at 6. */
+  TU_CHECK(sk[0] == 1018 && sk[1] == 1022 && sv[0] == 1020 && sv[1] == 1024 && sk[5] == 1004 &&
+               sv[5] == 1006,
+           "strided gather: %g %g %g %g %g %g", sk[0], sk[1], sv[0], sv[1], sk[5], sv[5]);
+}
+
+/* The merge by hand: two rows of one head of size 2. */
+static void test_merge_by_hand(void) {
+  float a[4] = {1, 2, 10, 20}, b[4] = {3, 6, 30, 40};
+  float la[2] = {0.0f, -INFINITY}, lb[2] = {(float)log(3.0), 1.5f};
+  double out[4], lse[2];
+  ref_merge_states(2, 1, 2, REF_F32, a, 2, la, b, 2, lb, out, lse);
+  /* Row 0: weights 1/4 and 3/4; row 1 takes b. */
+  TU_CHECK(fabs(out[0] - 2.5) < 1e-6 && fabs(out[1] - 5.0) < 1e-6 && fabs(lse[0] - log(4.0)) < 1e-6,
+           "merge row 0: %g %g lse %g", out[0], out[1], lse[0]);
+  TU_CHECK(out[2] == 30 && out[3] == 40 && lse[1] == 1.5, "merge row 1: %g %g lse %g", out[2],
+           out[3], lse[1]);
+  la[0] = lb[0] = -INFINITY;
+  ref_merge_states(1, 1, 2, REF_F32, a, 2, la, b, 2, lb, out, lse);
+  TU_CHECK(out[0] == 0 && out[1] == 0 && lse[0] == -INFINITY, "merge of two empty rows");
 }
 
 int main(int argc, char **argv) {
@@ -307,6 +340,7 @@ int main(int argc, char **argv) {
   test_masks();
   test_attention_by_hand();
   test_paged_gather();
+  test_merge_by_hand();
   printf("test_reference: %.2f s\n", tu_now() - t0);
   return tu_finish("test_reference");
 }

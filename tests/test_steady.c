@@ -9,11 +9,15 @@
  *
  * Each case warms one context up with one round of every entry point
  * (write, mixed prefill / chunk / decode batch, a long decode split over
- * the threads, the same with a plan, dense varlen attention, copy and swap),
- * then repeats the round with the counters on. The dtype pairs cover the
- * three kernel families of a decode (bf16 dot products, FP8 lookups, f32).
+ * the threads, the same with a plan, dense varlen attention, copy and swap,
+ * the merge of the mixed batch's result with itself), then repeats the
+ * round with the counters on. The dtype pairs cover the three kernel
+ * families of a decode (bf16 dot products, FP8 lookups, f32); half the
+ * cases keep the cache in vLLM's interleaved layout (block_stride,
+ * head_stride) and swap it with a dense pool.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,8 +84,8 @@ static const int32_t g_mixed_q[MIXED_SEQS] = {1, 37, 100},
 static const int32_t g_decode_len[DECODE_SEQS] = {2000, 17, 1, 64};
 
 typedef struct outputs {
-  unsigned char *mixed, *decode, *planned, *dense;
-  float *lse;
+  unsigned char *mixed, *decode, *planned, *dense, *merged;
+  float *lse, *merged_lse;
 } outputs;
 
 /* One round of every entry point; results into `out`. Returns the number
@@ -103,17 +107,21 @@ static int run_round(pa_context *ctx, const pa_layer *layer, const pa_plan *plan
       pa_swap_blocks(ctx, cache, swap, pairs, 2),
       PA_OK,
   };
+  /* After the array: its initialisers are not sequenced, and this one reads
+   * the mixed batch's result. */
+  st[7] = pa_merge_states(ctx, MIXED_ROWS, NH, HS, act, out->mixed, width, out->lse, out->mixed,
+                          width, out->lse, out->merged, width, out->merged_lse);
   int failed = 0;
   for (int i = 0; i < 8; i++) failed += st[i] != PA_OK;
   return failed;
 }
 
-static void run_case(int threads, pa_dtype act, pa_dtype cache_dtype, uint64_t seed) {
+static void run_case(int threads, pa_dtype act, pa_dtype cache_dtype, int strided, uint64_t seed) {
   tu_rng rng;
   tu_rng_seed(&rng, seed);
   char label[96];
-  snprintf(label, sizeof label, "%d thread(s), %s over %s", threads, pa_dtype_name(act),
-           pa_dtype_name(cache_dtype));
+  snprintf(label, sizeof label, "%d thread(s), %s over %s%s", threads, pa_dtype_name(act),
+           pa_dtype_name(cache_dtype), strided ? ", interleaved cache" : "");
 
   pa_context *ctx = NULL;
   pa_layer *layer = NULL;
@@ -143,6 +151,15 @@ static void run_case(int threads, pa_dtype act, pa_dtype cache_dtype, uint64_t s
   pa_kv_cache swap = cache;
   swap.key = tu_calloc(NB, block_bytes);
   swap.value = tu_calloc(NB, block_bytes);
+  if (strided) {
+    /* One buffer, [NB][NKV][2 * BS][HS]: each head's key tile, then its value tile. */
+    free(cache.value);
+    free(cache.key);
+    cache.key = tu_calloc(NB, 2 * block_bytes);
+    cache.value = (char *)cache.key + (size_t)BS * HS * pa_dtype_size(cache_dtype);
+    cache.head_stride = 2 * BS * HS;
+    cache.block_stride = NKV * cache.head_stride;
+  }
   hx_fill_cache(&rng, &cache, 1.0, 0);
 
   size_t act_size = pa_dtype_size(act), width = NH * HS, kv_width = NKV * HS;
@@ -180,10 +197,20 @@ static void run_case(int threads, pa_dtype act, pa_dtype cache_dtype, uint64_t s
            pa_last_error());
 
   size_t out_bytes = (size_t)MIXED_ROWS * width * act_size;
-  outputs first = {tu_calloc(out_bytes, 1), tu_calloc(out_bytes, 1), tu_calloc(out_bytes, 1),
-                   tu_calloc(out_bytes, 1), tu_calloc((size_t)MIXED_ROWS * NH, sizeof(float))};
-  outputs again = {tu_calloc(out_bytes, 1), tu_calloc(out_bytes, 1), tu_calloc(out_bytes, 1),
-                   tu_calloc(out_bytes, 1), tu_calloc((size_t)MIXED_ROWS * NH, sizeof(float))};
+  outputs first = {tu_calloc(out_bytes, 1),
+                   tu_calloc(out_bytes, 1),
+                   tu_calloc(out_bytes, 1),
+                   tu_calloc(out_bytes, 1),
+                   tu_calloc(out_bytes, 1),
+                   tu_calloc((size_t)MIXED_ROWS * NH, sizeof(float)),
+                   tu_calloc((size_t)MIXED_ROWS * NH, sizeof(float))};
+  outputs again = {tu_calloc(out_bytes, 1),
+                   tu_calloc(out_bytes, 1),
+                   tu_calloc(out_bytes, 1),
+                   tu_calloc(out_bytes, 1),
+                   tu_calloc(out_bytes, 1),
+                   tu_calloc((size_t)MIXED_ROWS * NH, sizeof(float)),
+                   tu_calloc((size_t)MIXED_ROWS * NH, sizeof(float))};
 
   int failed = run_round(ctx, layer, plan, &cache, &swap, query, new_kv, act, slots, &mixed,
                          &decode, cu, &first);
@@ -215,6 +242,16 @@ static void run_case(int threads, pa_dtype act, pa_dtype cache_dtype, uint64_t s
   TU_CHECK(memcmp(first.planned, again.planned, decode_bytes) == 0,
            "%s: planned decode output changed", label);
   TU_CHECK(memcmp(first.dense, again.dense, out_bytes) == 0, "%s: varlen output changed", label);
+  TU_CHECK(
+      memcmp(first.merged, again.merged, out_bytes) == 0 &&
+          memcmp(first.merged_lse, again.merged_lse, (size_t)MIXED_ROWS * NH * sizeof(float)) == 0,
+      "%s: merged states changed", label);
+  /* A state merged with itself is itself, over twice the denominator. */
+  int same = 1;
+  for (int i = 0; i < MIXED_ROWS * NH && same; i++)
+    same = fabsf(first.merged_lse[i] - (first.lse[i] + logf(2.0f))) <=
+           1e-5f * (1.0f + fabsf(first.lse[i]));
+  TU_CHECK(same, "%s: merging a state with itself does not add log 2 to its lse", label);
   printf("  %s: %ld allocations, %ld thread creations after warm-up\n", label, g_allocations,
          g_threads);
 
@@ -224,10 +261,11 @@ static void run_case(int threads, pa_dtype act, pa_dtype cache_dtype, uint64_t s
   outputs all[2] = {first, again};
   for (int i = 0; i < 2; i++) {
     free(all[i].mixed), free(all[i].decode), free(all[i].planned), free(all[i].dense);
-    free(all[i].lse);
+    free(all[i].merged), free(all[i].lse), free(all[i].merged_lse);
   }
   free(query), free(new_kv);
-  free(cache.key), free(cache.value), free(swap.key), free(swap.value);
+  free(cache.key), free(swap.key), free(swap.value);
+  if (!strided) free(cache.value);
 }
 
 int main(int argc, char **argv) {
@@ -237,6 +275,8 @@ int main(int argc, char **argv) {
   const pa_dtype pairs[3][2] = {{PA_BF16, PA_BF16}, {PA_BF16, PA_FP8_E4M3}, {PA_F32, PA_F16}};
   for (int threads = 1; threads <= 2; threads++)
     for (int p = 0; p < 3; p++)
-      run_case(threads, pairs[p][0], pairs[p][1], tu_mix(seed, (uint64_t)(threads * 3 + p)));
+      for (int strided = 0; strided < 2; strided++)
+        run_case(threads, pairs[p][0], pairs[p][1], strided,
+                 tu_mix(seed, (uint64_t)(threads * 6 + p * 2 + strided)));
   return tu_finish("test_steady");
 }

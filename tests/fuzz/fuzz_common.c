@@ -150,10 +150,18 @@ int fz_cache_geometry_ok(const pa_kv_cache *c) {
     if (!isfinite(c->k_scale) || !(c->k_scale > 0) || !isfinite(c->v_scale) || !(c->v_scale > 0))
       return 0;
   }
-  unsigned __int128 bytes = (unsigned __int128)c->block_size * (unsigned)c->num_kv_heads *
-                            (unsigned)c->head_size * pa_dtype_size(c->dtype) *
-                            (uint64_t)c->num_blocks;
-  return bytes <= (unsigned __int128)INT64_MAX;
+  /* The header: non-zero strides at least the dense ones, a zero
+   * block_stride meaning num_kv_heads * block_size * head_size whatever
+   * head_stride is, and every tile's bytes addressable. */
+  __int128 tile = (__int128)c->block_size * c->head_size;
+  if (c->head_stride < 0 || c->block_stride < 0) return 0;
+  if (c->head_stride != 0 && c->head_stride < tile) return 0;
+  __int128 head = c->head_stride ? c->head_stride : tile;
+  __int128 block = c->block_stride ? c->block_stride : c->num_kv_heads * tile;
+  if (block < c->num_kv_heads * head) return 0;
+  if (c->num_blocks == 0) return 1;
+  __int128 end = (c->num_blocks - 1) * block + (c->num_kv_heads - 1) * head + tile;
+  return end * (__int128)pa_dtype_size(c->dtype) <= (__int128)INT64_MAX;
 }
 
 void fz_model_cache(fz_expect *e, const pa_kv_cache *c) {
@@ -328,6 +336,127 @@ int64_t fz_cache_elems(const pa_kv_cache *c) {
   return c->num_blocks * c->block_size * c->num_kv_heads * c->head_size;
 }
 
+/* Strides: tame values mostly (dense, vLLM's interleaved buffer, padding
+ * after tiles and blocks), hostile ones now and then. */
+static void decode_strides(fz_in *in, fz_cache *fc) {
+  pa_kv_cache *c = &fc->c;
+  /* Geometry past the limits (by one at most, or far) makes strides
+   * meaningless; they are built from 1 then, so nothing overflows. */
+  int sane = c->block_size >= 1 && c->head_size >= 1 && c->head_size <= 1025 &&
+             c->num_kv_heads >= 1 && c->num_kv_heads <= 65537;
+  int64_t tile = sane ? (int64_t)c->block_size * c->head_size : 1;
+  int64_t heads = sane ? c->num_kv_heads : 1;
+  unsigned mode = fz_u8(in) % 16;
+  int64_t pad_head = fz_range(in, 1, 9), pad_block = fz_range(in, 0, 9);
+  switch (mode) {
+    case 10: /* vLLM: [num_blocks][num_kv_heads][2 * block_size][head_size] */
+      c->head_stride = 2 * tile;
+      c->block_stride = heads * c->head_stride;
+      fc->shared = 1;
+      fc->value_at = tile;
+      break;
+    case 11: /* the same with padding in each head's slot and after each block */
+      c->head_stride = 2 * tile + pad_head;
+      c->block_stride = heads * c->head_stride + pad_block;
+      fc->shared = 1;
+      fc->value_at = tile + fz_range(in, 0, (int)pad_head);
+      break;
+    case 12: /* separate buffers, padding after each tile and block */
+      c->head_stride = tile + pad_head;
+      c->block_stride = heads * c->head_stride + pad_block;
+      break;
+    case 13: /* adjacent heads, padded blocks */
+      c->block_stride = heads * tile + pad_block + 1;
+      break;
+    case 14: /* hostile */
+      c->head_stride = FZ_EDGY(in, tile, tile + 2, tile - 1, -1, 0, INT64_MIN, INT64_MAX,
+                               INT64_MAX / 2, (int64_t)1 << 40, 2 * tile);
+      c->block_stride =
+          FZ_EDGY(in, heads * tile, heads * tile + 2, heads * tile - 1, -1, 0, INT64_MIN, INT64_MAX,
+                  INT64_MAX / 4, (int64_t)1 << 40, heads * 2 * tile - 1);
+      break;
+    case 15: /* strided heads, no block stride: 0 is the dense value, too small */
+      c->head_stride = 2 * tile;
+      break;
+    default: break; /* dense */
+  }
+}
+
+/* Elements of a side from its pointer to the end of its last tile. */
+static int64_t side_span(const pa_kv_cache *c) {
+  if (c->num_blocks == 0) return 0;
+  int64_t tile = (int64_t)c->block_size * c->head_size;
+  int64_t head = c->head_stride ? c->head_stride : tile;
+  int64_t block = c->block_stride ? c->block_stride : c->num_kv_heads * tile;
+  return (c->num_blocks - 1) * block + (c->num_kv_heads - 1) * head + tile;
+}
+
+void fz_cache_provision(fz_cache *fc) {
+  pa_kv_cache *c = &fc->c;
+  int null_key = !c->key && fc->key.p, null_value = !c->value && fc->value.p;
+  fz_cache_free(fc);
+  fc->provisioned = 0;
+  size_t es = fz_cache_geometry_ok(c) ? pa_dtype_size(c->dtype) : 0;
+  uint64_t span = es ? (uint64_t)side_span(c) * es : UINT64_MAX;
+  uint64_t key_bytes = fc->shared ? span + (uint64_t)fc->value_at * es : span;
+  if (es && span <= FZ_CACHE_LIMIT && key_bytes <= FZ_CACHE_LIMIT) {
+    fz_alloc(&fc->key, key_bytes);
+    memset(fc->key.p, FZ_PAD_BYTE, (size_t)key_bytes);
+    if (fc->shared) {
+      fz_alloc_token(&fc->value);
+    } else {
+      fz_alloc(&fc->value, span);
+      memset(fc->value.p, FZ_PAD_BYTE, (size_t)span);
+    }
+    fc->provisioned = 1;
+  } else {
+    fz_alloc_token(&fc->key);
+    fz_alloc_token(&fc->value);
+  }
+  c->key = null_key ? NULL : fc->key.p;
+  c->value = null_value                      ? NULL
+             : fc->shared && fc->provisioned ? fc->key.p + (size_t)fc->value_at * es
+                                             : fc->value.p;
+}
+
+size_t fz_cache_buf_bytes(const fz_cache *fc, int side) {
+  if (!fc->provisioned || (side && fc->shared)) return 0;
+  return (size_t)(side ? fc->value.bytes : fc->key.bytes);
+}
+
+unsigned char *fz_cache_buf(const fz_cache *fc, int side) { return side ? fc->value.p : fc->key.p; }
+
+pa_kv_cache fz_cache_backing(const fz_cache *fc) {
+  pa_kv_cache b = fc->c;
+  size_t es = pa_dtype_size(fc->c.dtype);
+  b.key = fc->key.p;
+  b.value = fc->shared && fc->provisioned ? fc->key.p + (size_t)fc->value_at * es : fc->value.p;
+  return b;
+}
+
+int fz_cache_padding_ok(const fz_cache *fc) {
+  if (!fc->provisioned || fz_cache_elems(&fc->c) == 0) return 1;
+  pa_kv_cache b = fz_cache_backing(fc);
+  size_t es = pa_dtype_size(b.dtype), tile = (size_t)b.block_size * (size_t)b.head_size * es;
+  int ok = 1;
+  for (int m = 0; m < 2 && ok; m++) {
+    size_t bytes = fz_cache_buf_bytes(fc, m);
+    if (!bytes) continue;
+    unsigned char *buf = fz_cache_buf(fc, m), *is_tile = calloc(bytes, 1);
+    if (!is_tile) fz_fail("out of memory");
+    for (int side = 0; side < 2; side++) {
+      const unsigned char *base = side ? b.value : b.key;
+      if (base < buf || base >= buf + bytes) continue;
+      for (int64_t blk = 0; blk < b.num_blocks; blk++)
+        for (int h = 0; h < b.num_kv_heads; h++)
+          memset(is_tile + (base - buf) + (size_t)hx_tile_index(&b, blk, h, 0) * es, 1, tile);
+    }
+    for (size_t i = 0; i < bytes && ok; i++) ok = is_tile[i] || buf[i] == FZ_PAD_BYTE;
+    free(is_tile);
+  }
+  return ok;
+}
+
 void fz_decode_cache(fz_in *in, fz_cache *fc, int nkv, int hs, int64_t min_blocks) {
   memset(fc, 0, sizeof *fc);
   pa_kv_cache *c = &fc->c;
@@ -349,28 +478,18 @@ void fz_decode_cache(fz_in *in, fz_cache *fc, int nkv, int hs, int64_t min_block
   c->k_scale = fz_scale(in, &fc->extreme);
   c->v_scale = fz_scale(in, &fc->extreme);
   if (c->dtype != PA_FP8_E4M3 && c->dtype != PA_FP8_E5M2) fc->extreme = 0; /* scales ignored */
-
-  int geometry = fz_cache_geometry_ok(c);
-  uint64_t bytes = geometry ? (uint64_t)fz_cache_elems(c) * pa_dtype_size(c->dtype) : 0;
-  if (geometry && bytes <= FZ_CACHE_LIMIT) {
-    fz_alloc(&fc->key, bytes);
-    fz_alloc(&fc->value, bytes);
-    fc->provisioned = 1;
-  } else {
-    fz_alloc_token(&fc->key);
-    fz_alloc_token(&fc->value);
-  }
-  c->key = fz_one_in(in, 48) ? NULL : fc->key.p;
-  c->value = fz_one_in(in, 48) ? NULL : fc->value.p;
+  decode_strides(in, fc);
+  int null_key = fz_one_in(in, 48), null_value = fz_one_in(in, 48);
+  fz_cache_provision(fc);
+  if (null_key) c->key = NULL;
+  if (null_value) c->value = NULL;
 }
 
 void fz_cache_fill(fz_cache *fc, uint64_t seed) {
   if (!fc->provisioned || fz_cache_elems(&fc->c) == 0) return;
   tu_rng rng;
   tu_rng_seed(&rng, seed);
-  pa_kv_cache backing = fc->c; /* the call may be given NULL pointers */
-  backing.key = fc->key.p;
-  backing.value = fc->value.p;
+  pa_kv_cache backing = fz_cache_backing(fc); /* the call may be given NULL pointers */
   hx_fill_cache(&rng, &backing, 1.0, 0);
 }
 
@@ -380,9 +499,9 @@ void fz_cache_free(fz_cache *fc) {
 }
 
 ref_cache fz_ref_cache(const pa_kv_cache *c) {
-  ref_cache rc = {c->key,          c->value,     c->num_blocks,       c->block_size,
-                  c->num_kv_heads, c->head_size, (ref_dtype)c->dtype, c->k_scale,
-                  c->v_scale};
+  ref_cache rc = {c->key,          c->value,        c->num_blocks,       c->block_size,
+                  c->num_kv_heads, c->head_size,    (ref_dtype)c->dtype, c->k_scale,
+                  c->v_scale,      c->block_stride, c->head_stride};
   return rc;
 }
 

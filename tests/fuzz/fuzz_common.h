@@ -145,18 +145,36 @@ unsigned char *fz_copy(const void *p, size_t bytes);
 
 /* A cache decoded from the input: small valid geometries most of the time
  * (nkv and hs when non-zero are the preferred head count and size), hostile
- * fields now and then. Memory is allocated when the geometry is valid and
- * small, else a token. */
+ * fields now and then; dense mostly, sometimes strided (vLLM's interleaved
+ * K/V in one buffer, padding between tiles), with hostile strides now and
+ * then. Memory is allocated when the geometry is valid and small, else a
+ * token; bytes between tiles hold FZ_PAD_BYTE. */
+enum { FZ_PAD_BYTE = 0xFF }; /* NaN in every cache dtype */
 typedef struct fz_cache {
   pa_kv_cache c;
-  fz_buf key, value;
-  int provisioned; /* memory backs every slot */
-  int extreme;     /* FP8 scales that make the reference comparison moot */
+  fz_buf key, value; /* value is a token when key's buffer holds both */
+  int shared;        /* value's tiles live in key's buffer */
+  int64_t value_at;  /* shared: elements from the buffer's start to value */
+  int provisioned;   /* memory backs every slot */
+  int extreme;       /* FP8 scales that make the reference comparison moot */
 } fz_cache;
 void fz_decode_cache(fz_in *in, fz_cache *fc, int nkv, int hs, int64_t min_blocks);
+/* (Re)allocates fc's buffers for fc->c's geometry and strides (freeing the
+ * old ones) and points key and value at them, keeping a NULL key or value
+ * NULL. */
+void fz_cache_provision(fz_cache *fc);
 void fz_cache_fill(fz_cache *fc, uint64_t seed);
 void fz_cache_free(fz_cache *fc);
-int64_t fz_cache_elems(const pa_kv_cache *c); /* per side; the geometry must be valid */
+int64_t fz_cache_elems(
+    const pa_kv_cache *c); /* tile elements per side; the geometry must be valid */
+/* Bytes of the buffer behind side 0 (key, or both when shared) or 1; 0 when
+ * not provisioned or shared. */
+size_t fz_cache_buf_bytes(const fz_cache *fc, int side);
+unsigned char *fz_cache_buf(const fz_cache *fc, int side);
+/* fc->c with its pointers at the buffers (the call may be given NULL). */
+pa_kv_cache fz_cache_backing(const fz_cache *fc);
+/* 1 when every byte of the buffers outside the tiles holds FZ_PAD_BYTE. */
+int fz_cache_padding_ok(const fz_cache *fc);
 ref_cache fz_ref_cache(const pa_kv_cache *c);
 
 /* ---- layers ------------------------------------------------------------------ */

@@ -1,12 +1,14 @@
 /* pa_copy_blocks from arbitrary bytes: up to three caches of their own
- * geometry and dtype (one per layer), and pairs with hostile ids and counts.
- * PA_OK must leave every cache as the pairs copied one after another would;
- * an error must leave every cache untouched. */
+ * geometry, strides and dtype (one per layer), and pairs with hostile ids
+ * and counts. PA_OK must leave every cache's tiles as the pairs copied one
+ * after another would, and the bytes between them as they were; an error
+ * must leave every cache untouched. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fuzz_common.h"
+#include "harness.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -87,10 +89,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       fz_cache_fill(&fc[c], in.at + (uint64_t)c);
       bytes[c] =
           fc[c].provisioned ? (size_t)fz_cache_elems(&fc[c].c) * pa_dtype_size(fc[c].c.dtype) : 0;
-      before[c][0] = fz_copy(fc[c].key.p, bytes[c]);
-      before[c][1] = fz_copy(fc[c].value.p, bytes[c]);
-      expect[c][0] = fz_copy(fc[c].key.p, bytes[c]);
-      expect[c][1] = fz_copy(fc[c].value.p, bytes[c]);
+      pa_kv_cache backing = fz_cache_backing(&fc[c]);
+      for (int side = 0; side < 2; side++) {
+        before[c][side] = fz_copy(fz_cache_buf(&fc[c], side), fz_cache_buf_bytes(&fc[c], side));
+        expect[c][side] = malloc(bytes[c] + 1);
+        if (!expect[c][side]) fz_fail("out of memory");
+        if (bytes[c]) hx_gather_tiles(&backing, side, expect[c][side]);
+      }
       if (fz_may_succeed(&e) && bytes[c])
         expect_copies(expect[c][0], expect[c][1], bytes[c] / (size_t)fc[c].c.num_blocks, pairs,
                       count);
@@ -102,11 +107,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pa_status st = pa_copy_blocks(ctx, caches_arg, num_caches, pairs_arg, num_pairs);
     int ok = fz_check_status(&e, st);
     for (int c = 0; c < decoded; c++) {
-      unsigned char *const *want = ok ? expect[c] : before[c];
-      FZ_ASSERT(memcmp(want[0], fc[c].key.p, bytes[c]) == 0 &&
-                    memcmp(want[1], fc[c].value.p, bytes[c]) == 0,
-                "pa_copy_blocks returned %s but caches[%d] holds other bytes than %s",
-                pa_status_string(st), c, ok ? "the copies give" : "before the call");
+      pa_kv_cache backing = fz_cache_backing(&fc[c]);
+      unsigned char *tiles = malloc(bytes[c] + 1);
+      if (!tiles) fz_fail("out of memory");
+      for (int side = 0; side < 2; side++) {
+        if (ok) {
+          if (bytes[c]) hx_gather_tiles(&backing, side, tiles);
+          FZ_ASSERT(memcmp(expect[c][side], tiles, bytes[c]) == 0,
+                    "pa_copy_blocks returned ok but caches[%d] holds other tiles than the copies "
+                    "give",
+                    c);
+        } else {
+          FZ_ASSERT(memcmp(before[c][side], fz_cache_buf(&fc[c], side),
+                           fz_cache_buf_bytes(&fc[c], side)) == 0,
+                    "pa_copy_blocks returned %s but changed caches[%d]", pa_status_string(st), c);
+        }
+      }
+      free(tiles);
+      FZ_ASSERT(!ok || fz_cache_padding_ok(&fc[c]),
+                "pa_copy_blocks wrote between the tiles of caches[%d]", c);
       for (int i = 0; i < 2; i++) {
         free(before[c][i]);
         free(expect[c][i]);

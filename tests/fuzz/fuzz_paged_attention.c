@@ -1,5 +1,6 @@
 /* pa_paged_attention from arbitrary bytes: a layer with any features, a
- * cache whose geometry may disagree with it, a batch with hostile lengths,
+ * cache whose geometry may disagree with it (dense or strided, NaN between
+ * its tiles), a batch with hostile lengths,
  * block tables and strides, and a plan that may have been made for
  * something else. PA_OK must give the reference's output (and lse) and
  * write nothing else; an error must leave out and lse as they were. The
@@ -169,9 +170,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_cache_fill(&fc, in.at);
     fz_rows_fill(&q, in.at + 3, cfg.dtype, 2.0);
     fz_rows_fill(&out, 0, cfg.dtype, 1.0);
-    size_t cache_bytes =
-        fc.provisioned ? (size_t)fz_cache_elems(&fc.c) * pa_dtype_size(fc.c.dtype) : 0;
-    unsigned char *ck = fz_copy(fc.key.p, cache_bytes), *cv = fz_copy(fc.value.p, cache_bytes);
+    /* The cache's buffers whole, what lies between the tiles included. */
+    size_t key_bytes = fz_cache_buf_bytes(&fc, 0), value_bytes = fz_cache_buf_bytes(&fc, 1);
+    unsigned char *ck = fz_copy(fc.key.p, key_bytes), *cv = fz_copy(fc.value.p, value_bytes);
     unsigned char *lse_copy = lse ? fz_copy(lse, lse_bytes) : NULL;
     size_t bt_watch = dense_table ? (size_t)table.bytes : 0;
     unsigned char *bt_copy = fz_copy(table.p, bt_watch);
@@ -181,7 +182,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                            qstride, null_cache ? NULL : &fc.c, null_batch ? NULL : &batch,
                            null_out ? NULL : out.buf.p, ostride, lse);
     int ok = fz_check_status(&e, st);
-    FZ_ASSERT(memcmp(ck, fc.key.p, cache_bytes) == 0 && memcmp(cv, fc.value.p, cache_bytes) == 0,
+    FZ_ASSERT(memcmp(ck, fc.key.p, key_bytes) == 0 && memcmp(cv, fc.value.p, value_bytes) == 0,
               "pa_paged_attention wrote the cache");
     FZ_ASSERT(fz_rows_unchanged(&q), "pa_paged_attention wrote its query");
     FZ_ASSERT(memcmp(bt_copy, table.p, bt_watch) == 0, "pa_paged_attention wrote the block tables");
@@ -191,9 +192,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       FZ_ASSERT(!lse || memcmp(lse_copy, lse, lse_bytes) == 0,
                 "pa_paged_attention failed (%s) but wrote lse", pa_last_error());
     } else if (!extreme && rows > 0) {
-      pa_kv_cache backing = fc.c;
-      backing.key = fc.key.p;
-      backing.value = fc.value.p;
+      pa_kv_cache backing = fz_cache_backing(&fc);
       ref_layer rl = fz_ref_layer(&cfg);
       ref_cache rc = fz_ref_cache(&backing);
       double *ref_out = malloc((size_t)(rows * width) * sizeof(double));

@@ -1,21 +1,32 @@
 /* pa_swap_blocks from arbitrary bytes: a source and a destination cache
  * that share their geometry (mostly), differ in one field, or are the same
- * memory; pairs with hostile ids and counts. PA_OK must leave the
- * destination as the pairs copied one after another would (and the source,
- * unless it is the destination, unchanged); an error must leave both
- * untouched. */
+ * memory; each dense or strided, in the same layout or in different ones;
+ * pairs with hostile ids and counts. PA_OK must leave the destination's
+ * tiles as the pairs copied one after another would and the bytes between
+ * them as they were (and the source, unless it is the destination,
+ * unchanged); an error must leave both untouched. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fuzz_common.h"
+#include "harness.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 enum { MAX_PAIRS = 12 };
 
-static size_t cache_bytes(const fz_cache *fc) {
-  return fc->provisioned ? (size_t)fz_cache_elems(&fc->c) * pa_dtype_size(fc->c.dtype) : 0;
+/* Bytes of a cache's tiles (what a dense image of one side holds). */
+static size_t tile_bytes(const fz_cache *fc, const pa_kv_cache *c) {
+  return fc->provisioned ? (size_t)fz_cache_elems(c) * pa_dtype_size(c->dtype) : 0;
+}
+
+/* Dense images of a side's tiles. */
+static unsigned char *gather(const pa_kv_cache *c, int side, size_t bytes) {
+  unsigned char *img = malloc(bytes + 1);
+  if (!img) fz_fail("out of memory");
+  if (bytes) hx_gather_tiles(c, side, img);
+  return img;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -33,23 +44,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dst.dtype = src.dtype;
     dst.k_scale = src.k_scale;
     dst.v_scale = src.v_scale;
-    /* dst's memory was sized for its own geometry: redo it for the new one. */
-    fz_cache_free(&fd);
-    fd.c = dst;
-    uint64_t bytes = fz_cache_geometry_ok(&dst)
-                         ? (uint64_t)fz_cache_elems(&dst) * pa_dtype_size(dst.dtype)
-                         : UINT64_MAX;
-    fd.provisioned = bytes <= FZ_CACHE_LIMIT;
-    if (fd.provisioned) {
-      fz_alloc(&fd.key, bytes);
-      fz_alloc(&fd.value, bytes);
-    } else {
-      fz_alloc_token(&fd.key);
-      fz_alloc_token(&fd.value);
+    /* Strides for the new geometry: dense, the source's layout, the ones
+     * decoded for the old geometry (maybe no longer valid), or padded. */
+    int64_t tile = (int64_t)dst.block_size * dst.head_size;
+    switch (fz_range(&in, 0, 3)) {
+      case 0:
+        dst.block_stride = dst.head_stride = 0;
+        fd.shared = 0;
+        break;
+      case 1:
+        dst.block_stride = src.block_stride;
+        dst.head_stride = src.head_stride;
+        fd.shared = fs.shared;
+        fd.value_at = fs.value_at;
+        break;
+      case 2: /* two buffers: a shared one's value offset was for the old tiles */
+        fd.shared = 0;
+        break;
+      default:
+        fd.shared = 0;
+        if (tile < 1 || dst.num_kv_heads < 1 || dst.num_kv_heads > 65536) break; /* nonsense */
+        dst.head_stride = tile + 3;
+        dst.block_stride = (int64_t)dst.num_kv_heads * dst.head_stride + 5;
+        break;
     }
-    dst.key = fd.c.key ? fd.key.p : NULL;
-    dst.value = fd.c.value ? fd.value.p : NULL;
+    /* dst's memory was sized for its own geometry: redo it for the new one. */
     fd.c = dst;
+    fz_cache_provision(&fd);
+    dst = fd.c;
   }
   if (same_memory) {
     dst = src;
@@ -98,25 +120,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (backed) {
     fz_cache_fill(&fs, in.at);
     fz_cache_fill(&fd, in.at + 1);
-    size_t sb = cache_bytes(&fs), db = same_memory ? sb : cache_bytes(&fd);
-    unsigned char *src_mem[2] = {fs.key.p, fs.value.p};
-    unsigned char *dst_mem[2] = {same_memory ? fs.key.p : fd.key.p,
-                                 same_memory ? fs.value.p : fd.value.p};
+    /* The caches over their buffers (the call may be given NULL); same
+     * memory: the whole of src's, where dst's fewer blocks lie too. */
+    pa_kv_cache sc = fz_cache_backing(&fs), dc = same_memory ? sc : fz_cache_backing(&fd);
+    const fz_cache *dst_mem = same_memory ? &fs : &fd;
+    size_t sb = tile_bytes(&fs, &sc), db = tile_bytes(dst_mem, &dc);
     unsigned char *before[2][2], *expect[2];
     for (int i = 0; i < 2; i++) {
-      before[0][i] = fz_copy(src_mem[i], sb);
-      before[1][i] = fz_copy(dst_mem[i], db);
-      expect[i] = fz_copy(dst_mem[i], db);
+      before[0][i] = fz_copy(fz_cache_buf(&fs, i), fz_cache_buf_bytes(&fs, i));
+      before[1][i] = fz_copy(fz_cache_buf(dst_mem, i), fz_cache_buf_bytes(dst_mem, i));
+      expect[i] = gather(&dc, i, db);
     }
     if (fz_may_succeed(&e) && count) {
       size_t block = sb / (size_t)src.num_blocks;
-      for (int i = 0; i < 2; i++)
+      for (int i = 0; i < 2; i++) {
+        unsigned char *src_img = gather(&sc, i, sb);
         for (int64_t p = 0; p < count; p++) {
           /* Same memory: the source of a later pair sees the earlier copies. */
-          const unsigned char *from = same_memory ? expect[i] : before[0][i];
+          const unsigned char *from = same_memory ? expect[i] : src_img;
           memmove(expect[i] + (size_t)pairs[2 * p + 1] * block, from + (size_t)pairs[2 * p] * block,
                   block);
         }
+        free(src_img);
+      }
     }
     int64_t *pairs_arg = null_pairs ? NULL : count ? pairs : (int64_t *)token.p;
     fz_plant_stale_message();
@@ -124,15 +150,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         pa_swap_blocks(ctx, null_src ? NULL : &src, null_dst ? NULL : &dst, pairs_arg, num_pairs);
     int ok = fz_check_status(&e, st);
     for (int i = 0; i < 2; i++) {
-      FZ_ASSERT(memcmp(ok ? expect[i] : before[1][i], dst_mem[i], db) == 0,
-                "pa_swap_blocks returned %s but dst %s holds other bytes than %s",
-                pa_status_string(st), i ? "values" : "keys", ok ? "the copies give" : "before");
-      FZ_ASSERT(same_memory || memcmp(before[0][i], src_mem[i], sb) == 0,
+      if (ok) {
+        unsigned char *got = gather(&dc, i, db);
+        FZ_ASSERT(memcmp(expect[i], got, db) == 0,
+                  "pa_swap_blocks returned ok but dst %s tiles hold other bytes than the copies "
+                  "give",
+                  i ? "value" : "key");
+        free(got);
+      } else {
+        FZ_ASSERT(
+            memcmp(before[1][i], fz_cache_buf(dst_mem, i), fz_cache_buf_bytes(dst_mem, i)) == 0,
+            "pa_swap_blocks returned %s but changed dst", pa_status_string(st));
+      }
+      FZ_ASSERT(same_memory ||
+                    memcmp(before[0][i], fz_cache_buf(&fs, i), fz_cache_buf_bytes(&fs, i)) == 0,
                 "pa_swap_blocks changed its source");
       free(before[0][i]);
       free(before[1][i]);
       free(expect[i]);
     }
+    FZ_ASSERT(fz_cache_padding_ok(dst_mem), "pa_swap_blocks wrote between dst's tiles");
   }
   free(pairs);
   fz_free(&token);

@@ -1,6 +1,7 @@
-/* pa_write_kv from arbitrary bytes: cache geometry, source dtype, token
- * count, strides and slots. PA_OK must leave exactly the reference's cache
- * bytes; an error must leave every byte of the cache as it was. */
+/* pa_write_kv from arbitrary bytes: cache geometry and strides, source
+ * dtype, token count, row strides and slots. PA_OK must leave exactly the
+ * reference's bytes in the cache's tiles and every byte between them as it
+ * was; an error must leave every byte of the cache's buffers as it was. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,13 +88,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (backed) {
     fz_cache_fill(&fc, in.at);
     size_t bytes = fc.provisioned ? (size_t)fz_cache_elems(&fc.c) * pa_dtype_size(fc.c.dtype) : 0;
-    unsigned char *before[2] = {fz_copy(fc.key.p, bytes), fz_copy(fc.value.p, bytes)};
+    unsigned char *before[2] = {fz_copy(fz_cache_buf(&fc, 0), fz_cache_buf_bytes(&fc, 0)),
+                                fz_copy(fz_cache_buf(&fc, 1), fz_cache_buf_bytes(&fc, 1))};
     unsigned char *img[4] = {NULL, NULL, NULL, NULL};
-    pa_kv_cache backing = fc.c; /* the call may be given NULL pointers */
-    backing.key = fc.key.p;
-    backing.value = fc.value.p;
+    pa_kv_cache backing = fz_cache_backing(&fc); /* the call may be given NULL pointers */
     if (fz_may_succeed(&e)) {
-      for (int i = 0; i < 4; i++) img[i] = fz_copy(i % 2 ? fc.value.p : fc.key.p, bytes);
+      for (int i = 0; i < 4; i++) {
+        img[i] = malloc(bytes + 1);
+        if (!img[i]) fz_fail("out of memory");
+        if (bytes) hx_gather_tiles(&backing, i % 2, img[i]);
+      }
       hx_expect_write(&backing, img[0], img[1], img[2], img[3], rows[0].buf.p, strides[0],
                       rows[1].buf.p, strides[1], src, n, slots);
     }
@@ -105,10 +109,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (fz_check_status(&e, st)) {
       if (bytes) hx_compare_cache("pa_write_kv", &backing, img[0], img[1], img[2], img[3]);
       FZ_ASSERT(tu_failures == 0, "pa_write_kv stored other bytes than the reference");
+      FZ_ASSERT(fz_cache_padding_ok(&fc), "pa_write_kv wrote between the cache's tiles");
     } else {
-      FZ_ASSERT(!bytes || (memcmp(before[0], fc.key.p, bytes) == 0 &&
-                           memcmp(before[1], fc.value.p, bytes) == 0),
-                "pa_write_kv failed (%s) but changed the cache", pa_last_error());
+      for (int m = 0; m < 2; m++)
+        FZ_ASSERT(memcmp(before[m], fz_cache_buf(&fc, m), fz_cache_buf_bytes(&fc, m)) == 0,
+                  "pa_write_kv failed (%s) but changed the cache", pa_last_error());
     }
     FZ_ASSERT(fz_rows_unchanged(&rows[0]) && fz_rows_unchanged(&rows[1]),
               "pa_write_kv changed its key or value rows");

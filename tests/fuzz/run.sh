@@ -18,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 harnesses=("$@")
 if ((${#harnesses[@]} == 0)); then
   harnesses=(write_kv copy_blocks swap_blocks plan_create paged_attention varlen_attention
-             layer_create)
+             layer_create merge_states)
 fi
 
 work=$(mktemp -d)
