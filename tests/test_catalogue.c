@@ -704,6 +704,12 @@ static int fixture_works(void) {
     pa_status st = call(&a, (entry)e);
     TU_CHECK(st == PA_OK, "the valid %s call fails: %s (%s)", entry_names[e], pa_status_string(st),
              pa_last_error());
+    if (e == PAGED) {
+      st = pa_validate_paged_attention(a.ctx, a.layer, a.plan, a.query, a.query_stride, a.cache_p,
+                                       a.batch_p, a.out, a.out_stride);
+      TU_CHECK(st == PA_OK, "pa_validate_paged_attention refuses the valid call: %s",
+               pa_last_error());
+    }
     destroy_made(&a);
   }
   return tu_failures == before;
@@ -724,6 +730,24 @@ static void restore_env(const char *name, char *saved) {
   } else {
     unsetenv(name);
   }
+}
+
+/* pa_validate_paged_attention refuses what pa_paged_attention refuses, with
+ * the same status and message, and writes nothing either. */
+static void check_validate_agrees(const bad_input *row, const args *a, pa_status st,
+                                  const char *msg) {
+  char want[1024];
+  snprintf(want, sizeof want, "%s", msg);
+  snapshot();
+  pa_status vst = pa_validate_paged_attention(a->ctx, a->layer, a->plan, a->query, a->query_stride,
+                                              a->cache_p, a->batch_p, a->out, a->out_stride);
+  TU_CHECK(vst == st, "%s: pa_validate_paged_attention gives %s, pa_paged_attention %s", row->name,
+           pa_status_string(vst), pa_status_string(st));
+  TU_CHECK(strcmp(pa_last_error(), want) == 0,
+           "%s: pa_validate_paged_attention says \"%s\", pa_paged_attention \"%s\"", row->name,
+           pa_last_error(), want);
+  const char *changed = first_change();
+  TU_CHECK(!changed, "%s: pa_validate_paged_attention wrote %s", row->name, changed ? changed : "");
 }
 
 static void run_row(const bad_input *row) {
@@ -749,6 +773,7 @@ static void run_row(const bad_input *row) {
   TU_CHECK(!a.made_ctx && !a.made_layer && !a.made_plan,
            "%s (%s): the failed call returned a handle", row->name, entry_names[row->entry]);
   if (getenv("PA_TEST_VERBOSE")) printf("  %-45s %-13s %s\n", row->name, pa_status_string(st), msg);
+  if (row->entry == PAGED) check_validate_agrees(row, &a, st, msg);
   destroy_made(&a);
 }
 
