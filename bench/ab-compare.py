@@ -11,6 +11,7 @@ usage: bench/ab-compare.py ROUNDS FILTER[,FILTER...] BENCH_A BENCH_B [THREADS]
 e.g.   bench/ab-compare.py 10 16x4096_,8x4096_bs /tmp/old/pagedattn-bench \\
            build/bench/pagedattn-bench
 """
+
 import statistics
 import subprocess
 import sys
@@ -22,7 +23,10 @@ def run_rows(binary, filters, threads):
     for name_filter in filters:
         out = subprocess.run(
             [binary, "--threads", threads, "--no-scalar", "--filter", name_filter, "--csv"],
-            capture_output=True, text=True, check=True).stdout
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for line in out.splitlines():
             if line.startswith("#") or line.startswith("name,"):
                 continue

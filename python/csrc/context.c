@@ -1,0 +1,211 @@
+/* pagedattn.Context: a pa_context (the library's thread pool and scratch)
+ * and the lock that lets one caller thread at a time use it. */
+#include "ext.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* A forked child has none of its parent's pool threads: a context made
+ * before the fork would wait for them forever. Each context remembers the
+ * process generation it was made in; the child's count is one higher. */
+static unsigned long fork_generation;
+static void after_fork_in_child(void) { fork_generation++; }
+
+int pyx_context_init_module(void) {
+  return pthread_atfork(NULL, NULL, after_fork_in_child) == 0 ? 0 : -1;
+}
+
+/* The CPUs this process may run on (its affinity mask), so that a process
+ * pinned to some cores (VLLM_CPU_OMP_THREADS_BIND) does not oversubscribe
+ * them; 0 lets the library count the online CPUs. */
+static int affinity_cpus(void) {
+#ifdef CPU_COUNT
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+  return 0;
+}
+
+uint64_t pyx_now_ns(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+static int default_threads(int *threads) {
+  const char *text = getenv("PA_NUM_THREADS");
+  if (!text || !*text) {
+    *threads = affinity_cpus();
+    return 0;
+  }
+  char *end;
+  errno = 0;
+  long value = strtol(text, &end, 10);
+  if (errno || *end != '\0' || value < 1 || value > INT_MAX) {
+    pyx_invalid("the environment variable PA_NUM_THREADS = '%s' is not a thread count >= 1", text);
+    return -1;
+  }
+  *threads = (int)value;
+  return 0;
+}
+
+static int context_init(PyObject *self, PyObject *args, PyObject *kwargs) {
+  pyx_context *c = (pyx_context *)self;
+  static char *keywords[] = {"num_threads", NULL};
+  PyObject *count = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:Context", keywords, &count)) return -1;
+  if (c->ctx) {
+    PyErr_SetString(PyExc_RuntimeError, "Context is already initialised");
+    return -1;
+  }
+  int threads;
+  if (count == Py_None) {
+    if (default_threads(&threads) < 0) return -1;
+  } else {
+    if (!PyLong_Check(count) || PyBool_Check(count)) {
+      PyErr_Format(PyExc_TypeError, "num_threads must be an int or None, not %.100s",
+                   Py_TYPE(count)->tp_name);
+      return -1;
+    }
+    long value = PyLong_AsLong(count);
+    if (value == -1 && PyErr_Occurred()) return -1;
+    if (value < 1 || value > INT_MAX) {
+      pyx_invalid(
+          "num_threads = %ld must be >= 1 (None: PA_NUM_THREADS, else the CPUs this "
+          "process may run on)",
+          value);
+      return -1;
+    }
+    threads = (int)value;
+  }
+  if (!(c->lock = PyThread_allocate_lock())) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  pa_context *ctx = NULL;
+  pa_status status;
+  Py_BEGIN_ALLOW_THREADS status = pa_context_create(threads, &ctx);
+  Py_END_ALLOW_THREADS if (status != PA_OK) {
+    char message[PYX_MESSAGE_SIZE];
+    pyx_copy_error(message, sizeof message);
+    pyx_raise_status(status, message);
+    return -1;
+  }
+  c->ctx = ctx;
+  c->generation = fork_generation;
+  return 0;
+}
+
+static void context_dealloc(PyObject *self) {
+  pyx_context *c = (pyx_context *)self;
+  /* A parent's context is left to the parent: destroying it would join
+   * threads this process does not have. */
+  if (c->ctx && c->generation == fork_generation) {
+    Py_BEGIN_ALLOW_THREADS pa_context_destroy(c->ctx);
+    Py_END_ALLOW_THREADS
+  }
+  if (c->lock) PyThread_free_lock(c->lock);
+  Py_TYPE(self)->tp_free(self);
+}
+
+static int context_ready(const pyx_context *c) {
+  if (!c->ctx) {
+    PyErr_SetString(PyExc_RuntimeError, "Context.__init__ was not called");
+    return 0;
+  }
+  if (c->generation != fork_generation) {
+    pyx_invalid(
+        "this Context was made in the parent of this forked process, and its threads "
+        "stayed there; make a new Context in this process");
+    return 0;
+  }
+  return 1;
+}
+
+static PyObject *context_num_threads(PyObject *self, void *closure) {
+  (void)closure;
+  pyx_context *c = (pyx_context *)self;
+  return context_ready(c) ? PyLong_FromLong(pa_context_num_threads(c->ctx)) : NULL;
+}
+
+static PyObject *context_isa(PyObject *self, void *closure) {
+  (void)closure;
+  pyx_context *c = (pyx_context *)self;
+  return context_ready(c) ? PyUnicode_FromString(pa_context_isa(c->ctx)) : NULL;
+}
+
+static PyObject *context_get_timing(PyObject *self, void *closure) {
+  (void)closure;
+  return PyBool_FromLong(((pyx_context *)self)->timing);
+}
+
+static int context_set_timing(PyObject *self, PyObject *value, void *closure) {
+  (void)closure;
+  int on = value ? PyObject_IsTrue(value) : 0;
+  if (on < 0) return -1;
+  ((pyx_context *)self)->timing = on;
+  return 0;
+}
+
+static PyObject *context_get_library_seconds(PyObject *self, void *closure) {
+  (void)closure;
+  return PyFloat_FromDouble(1e-9 * (double)((pyx_context *)self)->library_ns);
+}
+
+static int context_set_library_seconds(PyObject *self, PyObject *value, void *closure) {
+  (void)closure;
+  double seconds = value ? PyFloat_AsDouble(value) : 0.0;
+  if (seconds == -1.0 && PyErr_Occurred()) return -1;
+  ((pyx_context *)self)->library_ns = (unsigned long long)(seconds * 1e9);
+  return 0;
+}
+
+static PyObject *context_repr(PyObject *self) {
+  pyx_context *c = (pyx_context *)self;
+  if (!c->ctx) return PyUnicode_FromString("<pagedattn.Context (not initialised)>");
+  return PyUnicode_FromFormat("<pagedattn.Context num_threads=%d isa='%s'>",
+                              pa_context_num_threads(c->ctx), pa_context_isa(c->ctx));
+}
+
+static PyGetSetDef context_getset[] = {
+    {"num_threads", context_num_threads, NULL, "Threads of the pool, the caller's included.", NULL},
+    {"isa", context_isa, NULL, "Kernel family in use: 'avx512', 'avx2' or 'scalar'.", NULL},
+    {"timing", context_get_timing, context_set_timing,
+     "When true, the time of each library call on this context adds to library_seconds\n"
+     "(for benchmarks: what a Python caller spends outside the library).",
+     NULL},
+    {"library_seconds", context_get_library_seconds, context_set_library_seconds,
+     "Seconds spent in library calls while timing was on (assign 0 to reset).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject pyx_context_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pagedattn.Context",
+    .tp_basicsize = sizeof(pyx_context),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc =
+        "Context(num_threads=None)\n\n"
+        "The library's thread pool and scratch memory. num_threads None: the\n"
+        "PA_NUM_THREADS environment variable, else the CPUs this process may run on.\n"
+        "One caller thread uses a context at a time (others wait); give each Python\n"
+        "thread its own context to run in parallel.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = context_init,
+    .tp_dealloc = context_dealloc,
+    .tp_repr = context_repr,
+    .tp_getset = context_getset,
+};
+
+pyx_context *pyx_context_arg(PyObject *obj) {
+  if (!PyObject_TypeCheck(obj, &pyx_context_type)) {
+    PyErr_Format(PyExc_TypeError, "ctx must be a pagedattn.Context or None, not %.100s",
+                 Py_TYPE(obj)->tp_name);
+    return NULL;
+  }
+  pyx_context *c = (pyx_context *)obj;
+  return context_ready(c) ? c : NULL;
+}

@@ -1,0 +1,389 @@
+"""pagedattn's functions over tensors: write K/V into a paged cache, attend over it or over
+dense ragged K/V, merge partial results, copy and swap blocks.
+
+Tensors are CPU ``torch.Tensor``s or numpy arrays, read and written in place: an argument the
+library cannot use as it is (another device, a wrong dtype, a non-unit stride in its last
+dimension) raises :class:`pagedattn.Error`; nothing is ever copied. See ``PYTHON.md`` for the
+contract.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _ext
+from ._ext import Context, Error
+
+__all__ = [
+    "Context",
+    "Error",
+    "copy_blocks",
+    "default_context",
+    "merge_states",
+    "paged_attention",
+    "swap_blocks",
+    "varlen_attention",
+    "write_kv",
+]
+
+Tensor = Any  # a torch.Tensor or a numpy.ndarray
+
+# pa_dtype values of the FP8 formats, and pa_attn_type values.
+_FP8_E4M3, _FP8_E5M2 = 3, 4
+KV_CACHE_DTYPES = {"auto": -1, "fp8": _FP8_E4M3, "fp8_e4m3": _FP8_E4M3, "fp8_e5m2": _FP8_E5M2}
+ATTN_TYPES = {"decoder": 0, "encoder": 1, "encoder_only": 2, "encoder_decoder": 3}
+
+
+def invalid(message: str) -> Error:
+    """A :class:`pagedattn.Error` with status ``"invalid_argument"``."""
+    error = Error(message)
+    error.status = "invalid_argument"
+    return error
+
+
+def kv_cache_dtype_code(kv_cache_dtype: str) -> int:
+    """The extension's code for a ``kv_cache_dtype`` string."""
+    try:
+        return KV_CACHE_DTYPES[kv_cache_dtype]
+    except (KeyError, TypeError):
+        raise invalid(
+            f"kv_cache_dtype = {kv_cache_dtype!r} is not one of "
+            f"{', '.join(map(repr, KV_CACHE_DTYPES))}"
+        ) from None
+
+
+def attn_type_code(attn_type: str) -> int:
+    """The library's pa_attn_type for an attention type name (``AttentionType`` values)."""
+    try:
+        return ATTN_TYPES[attn_type]
+    except (KeyError, TypeError):
+        raise invalid(
+            f"attn_type = {attn_type!r} is not one of {', '.join(map(repr, ATTN_TYPES))}"
+        ) from None
+
+
+_default_lock = threading.Lock()
+_default_context: Context | None = None
+
+
+def default_context() -> Context:
+    """The per-process context that calls with ``ctx=None`` use, made on first use."""
+    global _default_context
+    ctx = _default_context
+    if ctx is None:
+        with _default_lock:
+            if _default_context is None:
+                _default_context = Context()
+            ctx = _default_context
+    return ctx
+
+
+def _forget_default_context() -> None:
+    # A forked child has none of the parent's pool threads: it makes its own context.
+    global _default_context, _default_lock
+    _default_context = None
+    _default_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_default_context)
+
+
+def _shape(tensor: Tensor, name: str, ndim: int, layout: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(tensor.shape)
+    except AttributeError:
+        raise TypeError(
+            f"{name} must be a torch.Tensor or a numpy array, not {type(tensor).__name__}"
+        ) from None
+    if len(shape) != ndim:
+        raise invalid(f"{name} has shape {list(shape)}; it must be {layout}")
+    return shape
+
+
+def _empty(like: Tensor, shape: tuple[int, ...], float32: bool = False) -> Tensor:
+    """A new tensor of `like`'s kind (torch or numpy) and dtype (or float32)."""
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, dtype=np.float32 if float32 else like.dtype)
+    import torch
+
+    return torch.empty(shape, dtype=torch.float32 if float32 else like.dtype)
+
+
+def _finish(out: Tensor, lse: Tensor | None, written: int, fresh: bool, fresh_lse: bool) -> None:
+    # Rows past the batch's (a padded query) belong to no sequence: a new output holds zeros
+    # there and -inf in its lse, as a row that sees no key does.
+    if written < out.shape[0] and fresh:
+        out[written:] = 0
+    if lse is not None and written < lse.shape[0] and fresh_lse:
+        lse[written:] = -np.inf
+
+
+def _scale(value: Any, name: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name} must be a float or a 0-d tensor, not {type(value).__name__}"
+        ) from None
+
+
+def _opt(value: Any) -> Any:
+    return 0 if value is None else value
+
+
+_layers: dict[tuple, _ext.Layer] = {}
+_layers_lock = threading.Lock()
+_LAYER_CACHE_SIZE = 256
+
+
+def layer_for(
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    scale: float | None,
+    attn_type: str,
+    alibi_slopes: Any = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: Any = None,
+) -> _ext.Layer:
+    """The extension's Layer for these parameters; reused across calls when the layer has no
+    per-head arrays (ALiBi slopes and sinks are read afresh at each call)."""
+    code = attn_type_code(attn_type)
+    scale = 0.0 if scale is None else scale
+    window, cap = _opt(sliding_window), _opt(logits_soft_cap)
+    if alibi_slopes is not None or sinks is not None:
+        return _ext.Layer(
+            num_heads, num_kv_heads, head_size, scale, alibi_slopes, window, cap, sinks, code
+        )
+    key = (num_heads, num_kv_heads, head_size, scale, code, window, cap)
+    layer = _layers.get(key)
+    if layer is None:
+        layer = _ext.Layer(num_heads, num_kv_heads, head_size, scale, None, window, cap, None, code)
+        with _layers_lock:
+            if len(_layers) >= _LAYER_CACHE_SIZE:
+                _layers.clear()
+            _layers[key] = layer
+    return layer
+
+
+def kv_cache(
+    key_cache: Tensor,
+    value_cache: Tensor | None = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+) -> _ext.KVCache:
+    """The extension's KVCache over two ``[num_blocks, num_kv_heads, block_size, head_size]``
+    views (``value_cache`` given), for attention and writes."""
+    return _ext.KVCache(
+        key_cache,
+        value_cache,
+        kv_cache_dtype_code(kv_cache_dtype),
+        _scale(k_scale, "k_scale"),
+        _scale(v_scale, "v_scale"),
+    )
+
+
+def write_kv(
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    *,
+    kv_cache_dtype: str = "auto",
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    ctx: Context | None = None,
+) -> None:
+    """Writes new tokens' keys and values into the cache.
+
+    key, value: ``[num_tokens, num_kv_heads, head_size]`` (rows may be strided) of an
+    activation dtype; key_cache, value_cache: ``[num_blocks, num_kv_heads, block_size,
+    head_size]``, any cache dtype; slot_mapping: int64 ``[num_tokens]``, ``block * block_size +
+    offset``, negative for padding. FP8 caches store ``x / k_scale`` (``v_scale``).
+    """
+    cache = kv_cache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale)
+    _ext.write_kv(ctx or default_context(), cache, key, value, slot_mapping)
+
+
+def paged_attention(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    block_tables: Tensor,
+    *,
+    scale: float | None = None,
+    attn_type: str = "decoder",
+    alibi_slopes: Any = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: Any = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    out: Tensor | None = None,
+    return_lse: bool = False,
+    ctx: Context | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention of a batch of sequences over the paged cache: prefill, chunked prefill and
+    decode mixed (``"decoder"``, causal), or cross-attention (``"encoder_decoder"``).
+
+    query: ``[num_tokens, num_heads, head_size]``; sequence s owns rows
+    ``query_start_loc[s]:query_start_loc[s + 1]`` (int32 ``[num_seqs + 1]``) and has
+    ``seq_lens[s]`` keys in the cache (int32, its new ones included), in the blocks of
+    ``block_tables[s]`` (int32 ``[num_seqs, max_blocks]``). Returns ``out`` (shaped as query,
+    written in place when given) and, with ``return_lse``, the float32 ``[num_tokens,
+    num_heads]`` natural-log softmax denominators.
+    """
+    _, num_heads, head_size = _shape(query, "query", 3, "[num_tokens, num_heads, head_size]")
+    kv_heads = _shape(
+        key_cache, "key_cache", 4, "[num_blocks, num_kv_heads, block_size, head_size]"
+    )[1]
+    layer = layer_for(
+        num_heads, kv_heads, head_size, scale, attn_type, alibi_slopes, sliding_window,
+        logits_soft_cap, sinks,
+    )  # fmt: skip
+    cache = kv_cache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale)
+    batch = _ext.Batch(query_start_loc, seq_lens, block_tables)
+    fresh = out is None
+    if fresh:
+        out = _empty(query, query.shape)
+    lse = _empty(query, (query.shape[0], num_heads), float32=True) if return_lse else None
+    written = _ext.paged_attention(
+        ctx or default_context(), layer, None, query, cache, batch, out, lse
+    )
+    _finish(out, lse, written, fresh, True)
+    return (out, lse) if return_lse else out
+
+
+def varlen_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    *,
+    scale: float | None = None,
+    attn_type: str = "encoder_only",
+    alibi_slopes: Any = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: Any = None,
+    out: Tensor | None = None,
+    return_lse: bool = False,
+    ctx: Context | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention over dense ragged K/V (no cache): encoders, or a prefill whose K/V are at hand.
+
+    query: ``[num_tokens, num_heads, head_size]``; key, value: ``[num_keys, num_kv_heads,
+    head_size]``, the query's dtype; sequence s owns query rows ``cu_seqlens_q[s]:cu_seqlens_q[s
+    + 1]`` and key rows ``cu_seqlens_k[s]:cu_seqlens_k[s + 1]`` (int32 ``[num_seqs + 1]`` each).
+    ``"decoder"`` is causal with the last query aligned to the last key; the other types are
+    bidirectional. Returns as :func:`paged_attention`.
+    """
+    _, num_heads, head_size = _shape(query, "query", 3, "[num_tokens, num_heads, head_size]")
+    kv_heads = _shape(key, "key", 3, "[num_keys, num_kv_heads, head_size]")[1]
+    layer = layer_for(
+        num_heads, kv_heads, head_size, scale, attn_type, alibi_slopes, sliding_window,
+        logits_soft_cap, sinks,
+    )  # fmt: skip
+    fresh = out is None
+    if fresh:
+        out = _empty(query, query.shape)
+    lse = _empty(query, (query.shape[0], num_heads), float32=True) if return_lse else None
+    written = _ext.varlen_attention(
+        ctx or default_context(), layer, query, key, value, cu_seqlens_q, cu_seqlens_k, out, lse
+    )
+    _finish(out, lse, written, fresh, True)
+    return (out, lse) if return_lse else out
+
+
+def merge_states(
+    out_a: Tensor,
+    lse_a: Tensor,
+    out_b: Tensor,
+    lse_b: Tensor,
+    *,
+    out: Tensor | None = None,
+    lse: Tensor | None = None,
+    ctx: Context | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Combines two partial attention results over disjoint key sets of the same rows.
+
+    out_a, out_b: ``[num_tokens, num_heads, head_size]`` of one activation dtype; lse_a, lse_b:
+    float32 ``[num_tokens, num_heads]``. Returns ``(out, lse)``; ``out`` may be ``out_a`` or
+    ``out_b``, ``lse`` may be ``lse_a`` or ``lse_b`` (merged in place). A row whose lse is -inf
+    on one side takes the other side's.
+    """
+    rows, num_heads, head_size = _shape(out_a, "out_a", 3, "[num_tokens, num_heads, head_size]")
+    if out is None:
+        out = _empty(out_a, out_a.shape)
+    if lse is None:
+        lse = _empty(out_a, (rows, num_heads), float32=True)
+    _ext.merge_states(
+        ctx or default_context(), num_heads, head_size, out_a, lse_a, out_b, lse_b, out, lse
+    )
+    return out, lse
+
+
+def block_cache(cache: Any, name: str) -> _ext.KVCache:
+    """A cache for whole-block copies: the backend's ``[2, num_blocks, block_elements]`` tensor,
+    or a ``(key_cache, value_cache)`` pair of 4-D views."""
+    if isinstance(cache, (tuple, list)):
+        if len(cache) != 2:
+            raise invalid(f"{name} has {len(cache)} tensors; a pair is (key_cache, value_cache)")
+        code = -1 if str(cache[0].dtype) not in ("uint8", "torch.uint8") else _FP8_E4M3
+        return _ext.KVCache(cache[0], cache[1], code, 1.0, 1.0)
+    shape = _shape(cache, name, 3, "[2, num_blocks, block_elements] or a (key, value) pair")
+    code = -1 if str(cache.dtype) not in ("uint8", "torch.uint8") else _FP8_E4M3
+    del shape
+    # Whole blocks move as they are: seen as one head of one-element tokens.
+    return _ext.KVCache.combined(cache, 1, 1, code, 1.0, 1.0)
+
+
+def block_pairs(block_mapping: Any) -> Tensor:
+    """int64 ``[n, 2]`` (source, destination) pairs from a tensor, a sequence of pairs, or a
+    dict ``{src: dst}`` / ``{src: [dst, ...]}``; pairs take effect in this order."""
+    if isinstance(block_mapping, Mapping):
+        pairs: list[tuple[int, int]] = []
+        for src, dst in block_mapping.items():
+            targets = dst if isinstance(dst, Iterable) else (dst,)
+            pairs.extend((operator.index(src), operator.index(d)) for d in targets)
+        return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    if isinstance(block_mapping, Sequence):
+        return np.array(block_mapping, dtype=np.int64).reshape(-1, 2)
+    return block_mapping
+
+
+def copy_blocks(
+    kv_caches: Sequence[Any], block_mapping: Any, *, ctx: Context | None = None
+) -> None:
+    """Copies blocks within each layer's cache (copy-on-write), keys and values.
+
+    kv_caches: per-layer caches, each the backend's ``[2, num_blocks, block_size * num_kv_heads
+    * head_size]`` tensor or a ``(key_cache, value_cache)`` pair; block_mapping: see
+    :func:`block_pairs`.
+    """
+    caches = [block_cache(c, f"kv_caches[{i}]") for i, c in enumerate(kv_caches)]
+    _ext.copy_blocks(ctx or default_context(), caches, block_pairs(block_mapping))
+
+
+def swap_blocks(
+    src_kv_cache: Any, dst_kv_cache: Any, block_mapping: Any, *, ctx: Context | None = None
+) -> None:
+    """Copies blocks from one cache to another of the same geometry and dtype (e.g. between a
+    working pool and a swap pool); caches and mapping as in :func:`copy_blocks`."""
+    src = block_cache(src_kv_cache, "src_kv_cache")
+    dst = block_cache(dst_kv_cache, "dst_kv_cache")
+    _ext.swap_blocks(ctx or default_context(), src, dst, block_pairs(block_mapping))

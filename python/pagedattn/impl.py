@@ -1,0 +1,195 @@
+"""The attention layer's implementation, shaped like the engines' backend impls: one
+``forward`` per layer and step, for a batch mixing prefills, chunked prefills and decodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _ext
+from .backend import AttentionType
+from .functions import (
+    Context,
+    attn_type_code,
+    default_context,
+    invalid,
+    kv_cache_dtype_code,
+)
+from .metadata import PagedAttentionMetadata, step_key
+
+Tensor = Any
+
+
+def _scale_key(scale: Any) -> Any:
+    """What identifies a scale's value: the float itself, or a tensor and its version (so that
+    an engine recalibrating its scale in place is seen)."""
+    if isinstance(scale, (int, float)):
+        return float(scale)
+    return (id(scale), scale._version)
+
+
+class PagedAttentionImpl:
+    """One attention layer.
+
+    num_heads, head_size, scale: the layer's; num_kv_heads None means num_heads; alibi_slopes,
+    sinks: ``[num_heads]`` floats or None; sliding_window, logits_soft_cap: None or 0 for none;
+    kv_cache_dtype: "auto", "fp8", "fp8_e4m3" or "fp8_e5m2"; attn_type: an
+    :class:`AttentionType`; kv_sharing_target_layer_name: the layer whose cache this one reads
+    (it then writes none); ctx: the context to run on (None: the process's default).
+    A configuration the library cannot serve raises here, not at the first forward.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: Any = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: Any = None,
+        ctx: Context | None = None,
+    ) -> None:
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale) if scale is not None else head_size**-0.5
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self._cache_code = kv_cache_dtype_code(kv_cache_dtype)
+        self._layer = _ext.Layer(
+            num_heads,
+            self.num_kv_heads,
+            head_size,
+            self.scale,
+            alibi_slopes,
+            sliding_window or 0,
+            logits_soft_cap or 0.0,
+            sinks,
+            attn_type_code(attn_type),
+        )
+        self._ctx = ctx if ctx is not None else default_context()
+        self._geometry = (num_heads, self.num_kv_heads, head_size)
+        self._paged = attn_type in (AttentionType.DECODER, AttentionType.ENCODER_DECODER)
+        self._cross = attn_type == AttentionType.ENCODER_DECODER
+        self._step_key = step_key(self._ctx, self._geometry, self._cross)
+        self._writes = kv_sharing_target_layer_name is None
+        self._fp8 = self._cache_code != -1
+        # The last cache seen: (kv_cache, its data pointer, scale keys, KVCache or None if empty).
+        self._cache_entry: tuple | None = None
+
+    def _scale_keys(self, layer: Any) -> tuple[Any, Any]:
+        if layer is None:
+            return (1.0, 1.0)
+        return (_scale_key(layer._k_scale), _scale_key(layer._v_scale))
+
+    def _library_cache(self, kv_cache: Tensor, layer: Any) -> _ext.KVCache | None:
+        """The library's view of the backend cache ``[2, num_blocks, block_size * num_kv_heads *
+        head_size]`` (None for an empty one: a profiling run), remembered with what it was
+        made from: the tensor, its data pointer and (FP8) the layer's scales."""
+        scales = (1.0, 1.0)
+        if self._fp8 and layer is not None:
+            scales = (float(layer._k_scale), float(layer._v_scale))
+        cache = None
+        if kv_cache.numel() > 0:
+            cache = _ext.KVCache.combined(
+                kv_cache, self.num_kv_heads, self.head_size, self._cache_code, *scales
+            )
+        keys = self._scale_keys(layer) if self._fp8 else None
+        self._cache_entry = (kv_cache, kv_cache.data_ptr(), keys, cache)
+        return cache
+
+    def forward(
+        self,
+        layer: Any,
+        query: Tensor,
+        key: Tensor | None,
+        value: Tensor | None,
+        kv_cache: Tensor,
+        attn_metadata: PagedAttentionMetadata | None,
+        output: Tensor | None = None,
+    ) -> Tensor:
+        """Attention of one layer for the step.
+
+        query: ``[num_tokens, num_heads * head_size]`` (or ``[num_tokens, num_heads,
+        head_size]``), rows may be strided (a view into fused QKV); key, value: ``[num_tokens,
+        num_kv_heads * head_size]`` or None (nothing to write); kv_cache: ``[2, num_blocks,
+        block_size * num_kv_heads * head_size]`` or empty (profiling); layer: None or an object
+        with ``_k_scale`` / ``_v_scale``. Writes key/value into the cache (decoder: through
+        ``slot_mapping``; cross-attention: ``cross_slot_mapping``), then attends. Returns
+        ``output`` (written in place when given) as ``[num_tokens, num_heads * head_size]``.
+        """
+        if attn_metadata is None:
+            return query  # the engine's warm-up
+        if output is None:
+            import torch
+
+            output = torch.empty(
+                (query.shape[0], self.num_heads * self.head_size), dtype=query.dtype
+            )
+        if self._paged:
+            # The hot path: the cache view and the step's batch and plan are found, not made.
+            entry = self._cache_entry
+            if (
+                entry is not None
+                and entry[0] is kv_cache
+                and entry[1] == kv_cache.data_ptr()
+                and (not self._fp8 or entry[2] == self._scale_keys(layer))
+            ):
+                cache = entry[3]
+            else:
+                cache = self._library_cache(kv_cache, layer)
+            if cache is None:
+                self._without_cache(query, key, value, attn_metadata, output)
+            else:
+                step = attn_metadata._objects.get(self._step_key)
+                if step is None:
+                    step = attn_metadata.library_step(
+                        self._step_key, self._ctx, self._layer, self._cross
+                    )
+                if not self._writes:
+                    key = value = None
+                _ext.forward(
+                    self._ctx, self._layer, step[1], query, key, value, cache, step[0], output
+                )
+        else:
+            # Encoders attend over the batch's own rows.
+            qsl = attn_metadata.query_start_loc
+            _ext.varlen_attention(self._ctx, self._layer, query, key, value, qsl, qsl, output, None)
+        return output if output.dim() == 2 else output.view(output.shape[0], -1)
+
+    def _without_cache(
+        self,
+        query: Tensor,
+        key: Tensor | None,
+        value: Tensor | None,
+        md: PagedAttentionMetadata,
+        output: Tensor,
+    ) -> None:
+        """A profiling run's empty cache: every key must be one of the batch's new rows."""
+        if key is None or value is None:
+            raise invalid("kv_cache is empty and key/value are None: there are no keys to attend")
+        if self._cross:
+            import torch
+
+            enc = md.encoder_seq_lens
+            if enc is None:
+                raise invalid("cross-attention needs encoder_seq_lens in the metadata")
+            cu_k = torch.zeros(len(enc) + 1, dtype=torch.int32)
+            torch.cumsum(torch.as_tensor(enc), 0, out=cu_k[1:])
+        else:
+            if not md._derived["all_keys_new"]:
+                raise invalid(
+                    "kv_cache is empty but some sequence has keys before its new tokens "
+                    "(seq_lens > query lengths): they would come from the cache"
+                )
+            cu_k = md.query_start_loc
+        _ext.varlen_attention(
+            self._ctx, self._layer, query, key, value, md.query_start_loc, cu_k, output, None
+        )

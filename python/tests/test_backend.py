@@ -1,0 +1,358 @@
+"""The backend classes as an engine drives them: several steps of a batch that mixes prompts,
+chunked prefill and decodes, two layers sharing the step's metadata and plan, FP8 caches with
+the layer's scales, cross-attention whose decode steps pass key=None, encoders, profiling runs
+with an empty cache and the warm-up call."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import cases
+from helpers import activations, same_bytes
+from oracle import FP8, assert_close, attend, cache_f64, encode, gather, to_f64
+
+import pagedattn
+from pagedattn import (
+    AttentionType,
+    PagedAttentionBackend,
+    PagedAttentionImpl,
+    PagedAttentionMetadata,
+    PagedAttentionMetadataBuilder,
+)
+
+
+class ScaledLayer:
+    """What an engine passes as `layer`: its FP8 scales as 0-d tensors."""
+
+    def __init__(self, k_scale: float, v_scale: float):
+        self._k_scale = torch.tensor(k_scale)
+        self._v_scale = torch.tensor(v_scale)
+
+
+def test_backend_description():
+    B = PagedAttentionBackend
+    assert B.get_name() == "PAGEDATTN"
+    assert B.get_supported_dtypes() == [torch.float16, torch.bfloat16, torch.float32]
+    assert B.get_kv_cache_shape(10, 16, 4, 64) == (2, 10, 16 * 4 * 64)
+    assert B.get_kv_cache_shape(10, 16, 4, 64, "fp8") == (2, 10, 16 * 4 * 64)
+    assert B.get_impl_cls() is PagedAttentionImpl
+    assert B.get_metadata_cls() is PagedAttentionMetadata
+    assert B.get_builder_cls() is PagedAttentionMetadataBuilder
+    assert B.use_cascade_attention(1, 2, x=3) is False
+    for ok in (1, 32, 80, 256, 1024):
+        B.validate_head_size(ok)
+    for bad in (0, -3, 1025):
+        with pytest.raises(
+            ValueError, match=rf"head_size = {bad} is outside the supported range \[1, 1024\]"
+        ):
+            B.validate_head_size(bad)
+    assert AttentionType.DECODER == "decoder" and AttentionType.ENCODER == "encoder"
+    assert AttentionType.ENCODER_ONLY == "encoder_only"
+    assert AttentionType.ENCODER_DECODER == "encoder_decoder"
+
+
+def test_metadata_builder():
+    b = PagedAttentionMetadataBuilder(4)
+    md = b.build([1, 5, 3], [9, 5, 7], [[3, 1, 0], [2, 4], [5, 6]])
+    assert md.query_start_loc.tolist() == [0, 1, 6, 9]
+    assert md.seq_lens.dtype == torch.int32 and md.block_tables.dtype == torch.int32
+    assert md.block_tables.tolist() == [[3, 1, 0], [2, 4, 0], [5, 6, 0]]
+    # The new tokens' slots: position 8 of seq 0; 0..4 of seq 1; 4..6 of seq 2.
+    assert md.slot_mapping.dtype == torch.int64
+    assert md.slot_mapping.tolist() == [0 * 4 + 0, 8, 9, 10, 11, 16, 6 * 4 + 0, 25, 26]
+    assert (md.num_seqs, md.num_prefills, md.num_prefill_tokens, md.num_decode_tokens) == (
+        3,
+        2,
+        8,
+        1,
+    )
+    assert (md.max_query_len, md.max_seq_len) == (5, 9)
+    with pytest.raises(AttributeError):
+        md.num_seqs = 4  # derived, read-only
+    with pytest.raises(pagedattn.Error, match=r"block_tables\[1\] has 1 entries; position 4"):
+        b.build([1, 5], [1, 5], [[0], [2]])
+    with pytest.raises(
+        pagedattn.Error, match=r"query_lens\[0\] = 3 must be in \[0, seq_lens\[0\] = 2\]"
+    ):
+        b.build([3], [2], [[0]])
+    cross = b.build([2], [2], [[0]], encoder_seq_lens=[6], cross_block_tables=[[7, 3]])
+    assert cross.cross_slot_mapping.tolist() == [28, 29, 30, 31, 12, 13]
+    assert cross.encoder_seq_lens.tolist() == [6]
+
+
+def make_layer(heads, kv_heads, d, kv_cache_dtype, **features):
+    """A decoder impl and the oracle's view of its features."""
+    impl = PagedAttentionImpl(
+        heads, d, 1 / math.sqrt(d), num_kv_heads=kv_heads, kv_cache_dtype=kv_cache_dtype,
+        attn_type=AttentionType.DECODER, **features,
+    )  # fmt: skip
+    oracle = {
+        "window": features.get("sliding_window") or 0,
+        "soft_cap": features.get("logits_soft_cap") or 0.0,
+        "alibi": features.get("alibi_slopes"),
+        "sinks": features.get("sinks"),
+    }
+    return impl, oracle
+
+
+def split_qkv(qkv, heads, kv_heads, d):
+    return (
+        qkv[:, : heads * d],
+        qkv[:, heads * d : (heads + kv_heads) * d],
+        qkv[:, (heads + kv_heads) * d :],
+    )
+
+
+def check_cache_holds(
+    kv_cache, history, tables, block_size, kv_heads, d, storage, fp8, scales, label
+):
+    """Every token written so far is in its slot, encoded as the cache stores it."""
+    view = kv_cache.view(2, kv_cache.shape[1], kv_heads, block_size, d)
+    for s, (keys, values) in enumerate(history):
+        for t in range(keys.shape[0]):
+            b, o = tables[s][t // block_size], t % block_size
+            for side, rows, scale in ((0, keys, scales[0]), (1, values, scales[1])):
+                want = encode(rows[t].to(torch.float32), storage, fp8, scale)
+                assert same_bytes(view[side, b, :, o], want), (
+                    f"{label}: seq {s} token {t} side {side}"
+                )
+
+
+@pytest.mark.parametrize("kind", ["auto", "fp8", "fp8_e5m2", "f32-cache"])
+def test_forward_engine_steps(seed, kind):
+    """An engine's steps: prompts (one chunked over two steps), then decodes; two layers (one
+    with a sliding window and sinks) share each step's metadata and plan."""
+    rng = random.Random(seed)
+    for case in range(cases(6)):
+        act = rng.choice([torch.float32, torch.bfloat16, torch.float16])
+        heads, kv_heads = rng.choice([(4, 2), (7, 1), (2, 2), (8, 1)])
+        d = rng.choice([32, 64, 80, 128, 20])
+        block_size = rng.choice([1, 16, 17, 5])
+        kv_cache_dtype = "auto" if kind in ("auto", "f32-cache") else kind
+        fp8 = FP8.get(kv_cache_dtype)
+        storage = torch.uint8 if fp8 else (torch.float32 if kind == "f32-cache" else act)
+        scales = (rng.uniform(0.02, 0.1), rng.uniform(0.02, 0.1)) if fp8 else (1.0, 1.0)
+        layer_obj = ScaledLayer(*scales) if fp8 else None
+        prompt_lens = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+        max_blocks = (max(prompt_lens) + 8 + block_size - 1) // block_size
+        num_blocks = len(prompt_lens) * max_blocks + 2
+        pool = list(range(num_blocks))
+        rng.shuffle(pool)
+        tables = [pool[s * max_blocks : (s + 1) * max_blocks] for s in range(len(prompt_lens))]
+        shape = PagedAttentionBackend.get_kv_cache_shape(
+            num_blocks, block_size, kv_heads, d, kv_cache_dtype
+        )
+        caches = [torch.zeros(shape, dtype=storage) for _ in range(2)]
+        layers = [
+            make_layer(heads, kv_heads, d, kv_cache_dtype),
+            make_layer(heads, kv_heads, d, kv_cache_dtype,
+                       sliding_window=rng.randint(1, 12),
+                       sinks=[rng.uniform(-1, 1) for _ in range(heads)],
+                       logits_soft_cap=rng.choice([None, 3.0]),
+                       alibi_slopes=rng.choice([None, [0.1 * (h + 1) for h in range(heads)]])),
+        ]  # fmt: skip
+        history = [
+            [(torch.zeros((0, kv_heads, d), dtype=act),) * 2 for _ in prompt_lens] for _ in layers
+        ]
+        done = [0] * len(prompt_lens)
+        builder = PagedAttentionMetadataBuilder(block_size)
+        for step in range(4):
+            # Step 0 prefills half of the first prompt and all the others; step 1 the rest of
+            # the first prompt (a chunk over its cached half) beside decodes; then decodes.
+            q_lens = []
+            for s, n in enumerate(prompt_lens):
+                if step == 0:
+                    q_lens.append(max(1, n // 2) if s == 0 else n)
+                elif done[s] < n:
+                    q_lens.append(n - done[s])
+                else:
+                    q_lens.append(1)
+            seq_lens = [done[s] + q_lens[s] for s in range(len(prompt_lens))]
+            md = builder.build(q_lens, seq_lens, [t for t in tables])
+            tokens = sum(q_lens)
+            for li, ((impl, features), kv_cache) in enumerate(zip(layers, caches, strict=True)):
+                label = (
+                    f"case {case} (seed {seed}) {kind} step {step} layer {li} act={act} "
+                    f"H={heads}/{kv_heads} d={d} bs={block_size}"
+                )
+                qkv = activations(rng, tokens, heads + 2 * kv_heads, d, act).reshape(tokens, -1)
+                query, key, value = split_qkv(qkv, heads, kv_heads, d)
+                output = (
+                    torch.full((tokens, heads * d), float("nan"), dtype=act)
+                    if rng.random() < 0.7
+                    else None
+                )
+                result = impl.forward(layer_obj, query, key, value, kv_cache, md, output=output)
+                if output is not None:
+                    assert result is output
+                assert result.shape == (tokens, heads * d) and result.dtype == act
+                # The oracle over the keys the cache holds, once they are seen to be the ones
+                # written.
+                for s in range(len(prompt_lens)):
+                    lo, hi = int(md.query_start_loc[s]), int(md.query_start_loc[s + 1])
+                    k_new = key[lo:hi].reshape(-1, kv_heads, d)
+                    v_new = value[lo:hi].reshape(-1, kv_heads, d)
+                    old_k, old_v = history[li][s]
+                    history[li][s] = (torch.cat([old_k, k_new]), torch.cat([old_v, v_new]))
+                check_cache_holds(
+                    kv_cache,
+                    history[li],
+                    tables,
+                    block_size,
+                    kv_heads,
+                    d,
+                    storage,
+                    fp8,
+                    scales,
+                    label,
+                )
+                view = kv_cache.view(2, num_blocks, kv_heads, block_size, d)
+                kc = cache_f64(view[0], kv_cache_dtype if fp8 else "auto", scales[0])
+                vc = cache_f64(view[1], kv_cache_dtype if fp8 else "auto", scales[1])
+                q64 = to_f64(query).reshape(tokens, heads, d)
+                for s in range(len(prompt_lens)):
+                    lo, hi = int(md.query_start_loc[s]), int(md.query_start_loc[s + 1])
+                    k, v = gather(kc, vc, tables[s], seq_lens[s], block_size)
+                    want, _ = attend(q64[lo:hi], k, v, scale=impl.scale, **features)
+                    assert_close(
+                        result[lo:hi], want, float(np.abs(v).max()), act, f"{label} seq {s}"
+                    )
+            # Both layers have one geometry: one plan served them.
+            steps = [v for v in md._objects.values() if isinstance(v, tuple)]
+            assert len(steps) == 1, steps
+            done = seq_lens
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_forward_cross_attention(seed, kv_cache_dtype):
+    """Encoder-decoder cross-attention: the prefill step writes the encoder's K/V through
+    cross_slot_mapping; decode steps pass key=None and read them from the cache."""
+    rng = random.Random(seed)
+    act, heads, kv_heads, d, block_size = torch.bfloat16, 6, 2, 64, 16
+    fp8 = FP8.get(kv_cache_dtype)
+    storage = torch.uint8 if fp8 else act
+    scales = (0.05, 0.04) if fp8 else (1.0, 1.0)
+    enc_lens = [rng.randint(1, 40) for _ in range(3)]
+    num_blocks = 12
+    tables = [[0, 1, 2], [5, 4, 3], [9, 11, 10]]
+    kv_cache = torch.zeros(
+        PagedAttentionBackend.get_kv_cache_shape(num_blocks, block_size, kv_heads, d), dtype=storage
+    )
+    impl = PagedAttentionImpl(
+        heads,
+        d,
+        0.125,
+        num_kv_heads=kv_heads,
+        kv_cache_dtype=kv_cache_dtype,
+        attn_type=AttentionType.ENCODER_DECODER,
+    )
+    layer = ScaledLayer(*scales)
+    builder = PagedAttentionMetadataBuilder(block_size)
+    enc_k = activations(rng, sum(enc_lens), kv_heads, d, act)
+    enc_v = activations(rng, sum(enc_lens), kv_heads, d, act)
+    dec_lens = [rng.randint(1, 5) for _ in enc_lens]
+    for step in range(3):
+        q_lens = dec_lens if step == 0 else [1] * len(enc_lens)
+        seqs = [sum(dec_lens) + step for _ in enc_lens]  # decoder positions do not matter here
+        # The decoder's own cache is not this layer's: its slots are padding here.
+        md = builder.build(
+            q_lens,
+            [max(q, s) for q, s in zip(q_lens, seqs, strict=True)],
+            [[0]] * 3,
+            [-1] * sum(q_lens),
+            encoder_seq_lens=enc_lens,
+            cross_block_tables=tables,
+        )
+        query = activations(rng, sum(q_lens), heads, d, act).reshape(sum(q_lens), -1)
+        key = enc_k.reshape(sum(enc_lens), -1) if step == 0 else None
+        value = enc_v.reshape(sum(enc_lens), -1) if step == 0 else None
+        out = impl.forward(layer, query, key, value, kv_cache, md)
+        view = kv_cache.view(2, num_blocks, kv_heads, block_size, d)
+        kc = cache_f64(view[0], kv_cache_dtype, scales[0])
+        vc = cache_f64(view[1], kv_cache_dtype, scales[1])
+        q64 = to_f64(query).reshape(-1, heads, d)
+        at = 0
+        for s, n in enumerate(enc_lens):
+            k, v = gather(kc, vc, tables[s], n, block_size)
+            want_k = enc_k[at : at + n].to(torch.float64).numpy()
+            at += n
+            if not fp8:
+                assert np.array_equal(k, want_k), f"step {step} seq {s}: cross cache"
+            lo, hi = int(md.query_start_loc[s]), int(md.query_start_loc[s + 1])
+            want, _ = attend(q64[lo:hi], k, v, scale=0.125, attn_type="encoder_decoder")
+            assert_close(
+                out[lo:hi], want, float(np.abs(v).max()), act, f"cross step {step} seq {s}"
+            )
+
+
+@pytest.mark.parametrize("attn_type", [AttentionType.ENCODER_ONLY, AttentionType.ENCODER])
+def test_forward_encoder(seed, attn_type):
+    """Encoders attend bidirectionally over the batch's own rows; the cache is empty."""
+    rng = random.Random(seed)
+    heads, d = 12, 32
+    impl = PagedAttentionImpl(heads, d, d**-0.5, attn_type=attn_type)
+    lens = [rng.randint(1, 30) for _ in range(4)]
+    md = PagedAttentionMetadataBuilder(16).build(lens, lens, [[]] * 4, slot_mapping=[])
+    qkv = activations(rng, sum(lens), 3 * heads, d, torch.float32).reshape(sum(lens), -1)
+    q, k, v = split_qkv(qkv, heads, heads, d)
+    out = impl.forward(None, q, k, v, torch.empty(0), md)
+    at = 0
+    for s, n in enumerate(lens):
+        q64 = to_f64(q[at : at + n]).reshape(n, heads, d)
+        k64 = to_f64(k[at : at + n]).reshape(n, heads, d)
+        v64 = to_f64(v[at : at + n]).reshape(n, heads, d)
+        want, _ = attend(q64, k64, v64, scale=d**-0.5, attn_type=attn_type)
+        assert_close(out[at : at + n], want, float(np.abs(v64).max()), torch.float32, f"seq {s}")
+        at += n
+
+
+def test_forward_profiling_and_warmup():
+    impl = PagedAttentionImpl(4, 16, 0.25, num_kv_heads=2)
+    query = torch.randn(7, 64)
+    assert impl.forward(None, query, None, None, torch.empty(0), None) is query  # warm-up
+    md = PagedAttentionMetadataBuilder(16).build([3, 4], [3, 4], [[0], [1]])
+    key, value = torch.randn(7, 32), torch.randn(7, 32)
+    out = impl.forward(None, query, key, value, torch.empty(0), md)
+    want, _ = attend(
+        to_f64(query[:3]).reshape(3, 4, 16),
+        to_f64(key[:3]).reshape(3, 2, 16),
+        to_f64(value[:3]).reshape(3, 2, 16),
+        scale=0.25,
+    )
+    assert_close(out[:3], want, float(value.abs().max()), torch.float32, "profiling run")
+    chunk = PagedAttentionMetadataBuilder(16).build([3], [5], [[0]])
+    with pytest.raises(pagedattn.Error, match="kv_cache is empty but some sequence has keys"):
+        impl.forward(None, query[:3], key[:3], value[:3], torch.empty(0), chunk)
+
+
+def test_kv_sharing_layer_writes_nothing():
+    """A layer that reads another layer's cache (kv_sharing_target_layer_name) writes none."""
+    md = PagedAttentionMetadataBuilder(4).build([2], [2], [[1]])
+    kv_cache = torch.zeros(PagedAttentionBackend.get_kv_cache_shape(3, 4, 1, 8))
+    owner = PagedAttentionImpl(2, 8, 0.3, num_kv_heads=1)
+    reader = PagedAttentionImpl(2, 8, 0.3, num_kv_heads=1, kv_sharing_target_layer_name="layers.0")
+    q, k, v = torch.randn(2, 16), torch.randn(2, 8), torch.randn(2, 8)
+    owner.forward(None, q, k, v, kv_cache, md)
+    before = kv_cache.clone()
+    out_reader = reader.forward(None, q, k * 5, v * 5, kv_cache, md)
+    assert torch.equal(kv_cache, before)
+    assert torch.allclose(out_reader, owner.forward(None, q, k, v, kv_cache, md))
+
+
+def test_backend_copy_and_swap():
+    shape = PagedAttentionBackend.get_kv_cache_shape(4, 2, 1, 3)
+    caches = [
+        torch.arange(math.prod(shape), dtype=torch.float32).view(shape) + 100 * i for i in range(2)
+    ]
+    want = [c.clone() for c in caches]
+    for w in want:
+        w[:, 3] = w[:, 0]
+    PagedAttentionBackend.copy_blocks(caches, torch.tensor([[0, 3]]))
+    assert all(torch.equal(c, w) for c, w in zip(caches, want, strict=True))
+    dst = torch.zeros(shape)
+    PagedAttentionBackend.swap_blocks(caches[0], dst, {1: 2})
+    assert torch.equal(dst[:, 2], caches[0][:, 1]) and dst[:, [0, 1, 3]].abs().sum() == 0

@@ -1,0 +1,473 @@
+"""The error catalogue: each bad argument raises the exception PYTHON.md names, with a message
+that names the argument and the value, and leaves the cache and the output as they were."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import pagedattn
+from pagedattn import PagedAttentionBackend, PagedAttentionImpl, PagedAttentionMetadataBuilder
+
+H, KVH, D, BS, NB = 4, 2, 16, 4, 6
+
+
+@pytest.fixture
+def world():
+    """A cache with a sequence of 6 tokens in blocks 3 and 1, a decode query and an output,
+    all filled with known bytes."""
+    g = torch.Generator().manual_seed(7)
+    w = {
+        "key_cache": torch.randn((NB, KVH, BS, D), generator=g),
+        "value_cache": torch.randn((NB, KVH, BS, D), generator=g),
+        "query": torch.randn((1, H, D), generator=g),
+        "out": torch.full((1, H, D), 7.0),
+        "qsl": torch.tensor([0, 1], dtype=torch.int32),
+        "lens": torch.tensor([6], dtype=torch.int32),
+        "table": torch.tensor([[3, 1]], dtype=torch.int32),
+        "key": torch.randn((2, KVH, D), generator=g),
+        "value": torch.randn((2, KVH, D), generator=g),
+        "slots": torch.tensor([13, 4], dtype=torch.int64),
+    }
+    w["before"] = {k: v.clone() for k, v in w.items() if k in ("key_cache", "value_cache", "out")}
+    return w
+
+
+def unchanged(w):
+    for name, before in w["before"].items():
+        assert torch.equal(w[name], before), f"{name} was written by a call that raised"
+
+
+def attend(w, **overrides):
+    args = {
+        "query": w["query"], "key_cache": w["key_cache"], "value_cache": w["value_cache"],
+        "query_start_loc": w["qsl"], "seq_lens": w["lens"], "block_tables": w["table"],
+    }  # fmt: skip
+    kwargs = {"out": w["out"]}
+    for k, v in overrides.items():
+        (args if k in args else kwargs)[k] = v
+    return pagedattn.paged_attention(*args.values(), **kwargs)
+
+
+def write(w, **overrides):
+    args = {
+        "key": w["key"], "value": w["value"], "key_cache": w["key_cache"],
+        "value_cache": w["value_cache"], "slot_mapping": w["slots"],
+    }  # fmt: skip
+    kwargs = {}
+    for k, v in overrides.items():
+        (args if k in args else kwargs)[k] = v
+    return pagedattn.write_kv(*args.values(), **kwargs)
+
+
+META = torch.empty((1, H, D), device="meta")  # another device (no GPU here): the same check as CUDA
+
+# (id, call, exception, status, message pattern)
+CATALOGUE = [
+    (
+        "query on another device",
+        lambda w: attend(w, query=META),
+        pagedattn.Error,
+        "invalid_argument",
+        r"query is on device meta; pagedattn reads CPU tensors in place and copies nothing",
+    ),
+    (
+        "query of ints",
+        lambda w: attend(w, query=w["query"].to(torch.int32)),
+        pagedattn.Error,
+        "invalid_argument",
+        r"query has dtype int32; activations are float32, float16 or bfloat16",
+    ),
+    (
+        "query of float64",
+        lambda w: attend(w, query=w["query"].double()),
+        pagedattn.Error,
+        "invalid_argument",
+        r"query has dtype torch.float64; activations are",
+    ),
+    (
+        "out of another dtype",
+        lambda w: attend(w, out=w["out"].half()),
+        pagedattn.Error,
+        "invalid_argument",
+        r"out has dtype float16; query has float32",
+    ),
+    (
+        "query with a strided last dimension",
+        lambda w: attend(w, query=torch.randn(1, H, 2 * D)[:, :, ::2]),
+        pagedattn.Error,
+        "invalid_argument",
+        r"query \(shape \[1, 4, 16\]\) has stride 2 in dimension 2",
+    ),
+    (
+        "query as a list",
+        lambda w: attend(w, query=[[0.0]]),
+        TypeError,
+        None,
+        r"query must be a torch.Tensor or a numpy array, not list",
+    ),
+    (
+        "query of 2 dimensions",
+        lambda w: attend(w, query=w["query"].view(1, H * D)),
+        pagedattn.Error,
+        "invalid_argument",
+        r"query has shape \[1, 64\]; it must be \[num_tokens",
+    ),
+    (
+        "head size of the query and cache differ",
+        lambda w: attend(w, query=torch.randn(1, H // 2, 2 * D), out=None),
+        pagedattn.Error,
+        "invalid_argument",
+        r"cache->head_size = 16 does not match the layer's head_size = 32",
+    ),
+    (
+        "num_heads not divisible by num_kv_heads",
+        lambda w: attend(w, query=torch.randn(1, 3, D), out=None),
+        pagedattn.Error,
+        "invalid_argument",
+        r"config->num_kv_heads = 2 does not divide num_heads = 3",
+    ),
+    (
+        "head size over 1024",
+        lambda w: pagedattn.varlen_attention(
+            torch.randn(1, 1, 1025),
+            torch.randn(1, 1, 1025),
+            torch.randn(1, 1, 1025),
+            torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([0, 1], dtype=torch.int32),
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"head_size = 1025",
+    ),
+    (
+        "block id outside the cache",
+        lambda w: attend(w, block_tables=torch.tensor([[3, 9]], dtype=torch.int32)),
+        pagedattn.Error,
+        "out_of_range",
+        r"block_tables\[0\]\[1\] = 9 is outside \[0, 6\)",
+    ),
+    (
+        "block_tables of int64",
+        lambda w: attend(w, block_tables=w["table"].long()),
+        pagedattn.Error,
+        "invalid_argument",
+        r"block_tables has dtype int64; it must be int32",
+    ),
+    (
+        "seq_lens needing more blocks than the table has",
+        lambda w: attend(w, seq_lens=torch.tensor([9], dtype=torch.int32)),
+        pagedattn.Error,
+        "out_of_range",
+        r"seq_lens\[0\] = 9 needs 3 blocks of 4 tokens but block_table_stride = 2",
+    ),
+    (
+        "query_start_loc of the wrong length",
+        lambda w: attend(w, query_start_loc=torch.tensor([0, 1, 1], dtype=torch.int32)),
+        pagedattn.Error,
+        "invalid_argument",
+        r"query_start_loc has 3 entries; seq_lens has 1, so it needs 2",
+    ),
+    (
+        "more query rows claimed than the tensor has",
+        lambda w: attend(w, query_start_loc=torch.tensor([0, 2], dtype=torch.int32)),
+        pagedattn.Error,
+        "invalid_argument",
+        r"query has 1 rows; the batch has 2 query rows",
+    ),
+    (
+        "out read-only (numpy)",
+        lambda w: pagedattn.paged_attention(
+            w["query"].numpy(),
+            w["key_cache"].numpy(),
+            w["value_cache"].numpy(),
+            w["qsl"].numpy(),
+            w["lens"].numpy(),
+            w["table"].numpy(),
+            out=np.broadcast_to(np.float32(0), (1, H, D)),
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"out",
+    ),
+    (
+        "kv_cache_dtype unknown",
+        lambda w: attend(w, kv_cache_dtype="int4"),
+        pagedattn.Error,
+        "invalid_argument",
+        r"kv_cache_dtype = 'int4' is not one of 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2'",
+    ),
+    (
+        "fp8 kv_cache_dtype over a float cache",
+        lambda w: attend(w, kv_cache_dtype="fp8"),
+        pagedattn.Error,
+        "invalid_argument",
+        r"kv_cache_dtype 'fp8_e4m3' needs a cache of float8 or uint8 bytes; key_cache is float32",
+    ),
+    (
+        "uint8 cache without an FP8 format",
+        lambda w: attend(
+            w,
+            key_cache=w["key_cache"].view(torch.uint8)[..., :D],
+            value_cache=w["value_cache"].view(torch.uint8)[..., :D],
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"key_cache holds uint8: say which FP8 format",
+    ),
+    (
+        "FP8 scale of zero",
+        lambda w: attend(
+            w,
+            key_cache=torch.zeros((NB, KVH, BS, D), dtype=torch.uint8),
+            value_cache=torch.zeros((NB, KVH, BS, D), dtype=torch.uint8),
+            kv_cache_dtype="fp8",
+            k_scale=0.0,
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"k_scale = 0 must be finite and > 0",
+    ),
+    (
+        "cache tiles not dense",
+        lambda w: attend(
+            w,
+            key_cache=w["key_cache"].transpose(2, 3),
+            value_cache=w["value_cache"].transpose(2, 3),
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"does not hold each \[block_size, head_size\] tile dense",
+    ),
+    (
+        "key and value caches of different layouts",
+        lambda w: attend(w, value_cache=w["value_cache"][:, :1]),
+        pagedattn.Error,
+        "invalid_argument",
+        r"value_cache \(float32, shape \[6, 1, 4, 16\]\) does not have key_cache's dtype, "
+        r"shape and strides",
+    ),
+    (
+        "overlapping cache blocks (a stride-0 view)",
+        lambda w: attend(
+            w,
+            key_cache=w["key_cache"][:1].expand(NB, KVH, BS, D),
+            value_cache=w["value_cache"][:1].expand(NB, KVH, BS, D),
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"key_cache has stride 0 in dimension 0: its blocks overlap",
+    ),
+    (
+        "overlapping cache blocks (a short block stride)",
+        lambda w: attend(
+            w,
+            key_cache=w["key_cache"].as_strided((NB, KVH, BS, D), (BS * D, BS * D, D, 1)),
+            value_cache=w["value_cache"].as_strided((NB, KVH, BS, D), (BS * D, BS * D, D, 1)),
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"block_stride = 64 is smaller than",
+    ),
+    (
+        "slot outside the cache",
+        lambda w: write(w, slot_mapping=torch.tensor([13, 99])),
+        pagedattn.Error,
+        "out_of_range",
+        r"slot_mapping\[1\] = 99 is outside \[0, 24\) \(negative slots are padding\)",
+    ),
+    (
+        "slot_mapping of int32",
+        lambda w: write(w, slot_mapping=w["slots"].int()),
+        pagedattn.Error,
+        "invalid_argument",
+        r"slot_mapping has dtype int32; it must be int64",
+    ),
+    (
+        "fewer key rows than slots",
+        lambda w: write(w, key=w["key"][:1], value=w["value"][:1]),
+        pagedattn.Error,
+        "invalid_argument",
+        r"key has 1 rows; slot_mapping has 2 entries",
+    ),
+    (
+        "key and value of different dtypes",
+        lambda w: write(w, value=w["value"].bfloat16()),
+        pagedattn.Error,
+        "invalid_argument",
+        r"value has dtype bfloat16; key has float32",
+    ),
+    (
+        "key of the wrong width",
+        lambda w: write(w, key=torch.randn(2, KVH, D + 1), value=torch.randn(2, KVH, D + 1)),
+        pagedattn.Error,
+        "invalid_argument",
+        r"key has shape \[2, 2, 17\]: 34 elements per row where num_kv_heads \* head_size = 32",
+    ),
+    (
+        "block pair outside the cache",
+        lambda w: pagedattn.copy_blocks([(w["key_cache"], w["value_cache"])], [(0, 1), (2, 6)]),
+        pagedattn.Error,
+        "out_of_range",
+        r"block_pairs\[1\]\[1\] = 6 is outside \[0, 6\) of caches\[0\]",
+    ),
+    (
+        "swap between caches of different geometry",
+        lambda w: pagedattn.swap_blocks(
+            (w["key_cache"], w["value_cache"]),
+            (torch.zeros(NB, KVH, 2 * BS, D), torch.zeros(NB, KVH, 2 * BS, D)),
+            {0: 1},
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"dst \(block_size 8, .*\) does not match src \(block_size 4",
+    ),
+    (
+        "merge with an lse of the wrong shape",
+        lambda w: pagedattn.merge_states(
+            w["out"], torch.zeros(1, H), w["out"], torch.zeros(2, H), out=w["out"]
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"lse_b has shape \[2, 4\]; it must be \[1, num_heads = 4\]",
+    ),
+    (
+        "ctx of the wrong type",
+        lambda w: attend(w, ctx="cpu"),
+        TypeError,
+        None,
+        r"ctx must be a pagedattn.Context or None, not str",
+    ),
+    (
+        "alibi_slopes of the wrong length",
+        lambda w: attend(w, alibi_slopes=[0.1, 0.2]),
+        pagedattn.Error,
+        "invalid_argument",
+        r"alibi_slopes has 2 entries; the layer has num_heads = 4",
+    ),
+    (
+        "negative sliding window",
+        lambda w: attend(w, sliding_window=-2),
+        pagedattn.Error,
+        "invalid_argument",
+        r"sliding_window = -2",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CATALOGUE, ids=[c[0] for c in CATALOGUE])
+def test_catalogue(world, case):
+    _, call, exception, status, pattern = case
+    with pytest.raises(exception, match=pattern) as info:
+        call(world)
+    if status is not None:
+        assert info.value.status == status
+        assert isinstance(info.value, ValueError)
+    unchanged(world)
+
+
+def test_negative_row_stride_is_refused(world):
+    query = np.ascontiguousarray(np.broadcast_to(world["query"].numpy(), (2, H, D)))[::-1]
+    with pytest.raises(pagedattn.Error, match=r"query's dimension 0 has a negative stride"):
+        pagedattn.paged_attention(
+            query,
+            world["key_cache"].numpy(),
+            world["value_cache"].numpy(),
+            np.array([0, 2], dtype=np.int32),
+            world["lens"].numpy(),
+            world["table"].numpy(),
+        )
+
+
+def test_forward_refuses_before_writing():
+    """The fused forward checks the attention before the write: a bad block table leaves the
+    cache as it was, though the slots were good."""
+    kv_cache = torch.randn(PagedAttentionBackend.get_kv_cache_shape(NB, BS, KVH, D))
+    before = kv_cache.clone()
+    impl = PagedAttentionImpl(H, D, 0.25, num_kv_heads=KVH)
+    md = PagedAttentionMetadataBuilder(BS).build([2], [6], [[3, 1]])
+    bad = PagedAttentionMetadataBuilder(BS).build([2], [6], [[3, 7]], slot_mapping=md.slot_mapping)
+    output = torch.full((2, H * D), 3.0)
+    q, k, v = torch.randn(2, H * D), torch.randn(2, KVH * D), torch.randn(2, KVH * D)
+    with pytest.raises(
+        pagedattn.Error, match=r"block_tables\[0\]\[1\] = 7 is outside \[0, 6\)"
+    ) as info:
+        impl.forward(None, q, k, v, kv_cache, bad, output=output)
+    assert info.value.status == "out_of_range"
+    assert torch.equal(kv_cache, before) and torch.equal(output, torch.full((2, H * D), 3.0))
+    with pytest.raises(pagedattn.Error, match=r"out has 1 rows; the batch has 2 query rows"):
+        impl.forward(None, q, k, v, kv_cache, md, output=output[:1])
+    assert torch.equal(kv_cache, before)
+    with pytest.raises(pagedattn.Error, match=r"slot_mapping\[0\] = 99 is outside"):
+        impl.forward(
+            None,
+            q,
+            k,
+            v,
+            kv_cache,
+            PagedAttentionMetadataBuilder(BS).build([2], [6], [[3, 1]], slot_mapping=[99, 4]),
+            output=output,
+        )
+    assert torch.equal(kv_cache, before) and torch.equal(output, torch.full((2, H * D), 3.0))
+
+
+def test_impl_refuses_at_construction():
+    with pytest.raises(pagedattn.Error, match=r"head_size = 2000"):
+        PagedAttentionImpl(4, 2000, 0.1)
+    with pytest.raises(
+        pagedattn.Error, match=r"config->num_kv_heads = 4 does not divide num_heads = 6"
+    ):
+        PagedAttentionImpl(6, 64, 0.1, num_kv_heads=4)
+    with pytest.raises(pagedattn.Error, match=r"attn_type = 'causal' is not one of"):
+        PagedAttentionImpl(4, 64, 0.1, attn_type="causal")
+    with pytest.raises(pagedattn.Error, match=r"kv_cache_dtype = 'fp4'"):
+        PagedAttentionImpl(4, 64, 0.1, kv_cache_dtype="fp4")
+    with pytest.raises(pagedattn.Error, match=r"sinks has 3 entries; the layer has num_heads = 4"):
+        PagedAttentionImpl(4, 64, 0.1, sinks=[0.0, 1.0, 2.0])
+    with pytest.raises(
+        ValueError, match=r"head_size = 0 is outside the supported range \[1, 1024\]"
+    ):
+        PagedAttentionBackend.validate_head_size(0)
+
+
+def test_context_arguments(monkeypatch):
+    with pytest.raises(pagedattn.Error, match=r"num_threads = 0 must be >= 1"):
+        pagedattn.Context(0)
+    with pytest.raises(TypeError, match="num_threads must be an int or None"):
+        pagedattn.Context("2")
+    monkeypatch.setenv("PA_NUM_THREADS", "two")
+    with pytest.raises(pagedattn.Error, match=r"PA_NUM_THREADS = 'two' is not a thread count >= 1"):
+        pagedattn.Context()
+    monkeypatch.setenv("PA_NUM_THREADS", "1")
+    assert pagedattn.Context().num_threads == 1
+    monkeypatch.setenv("PA_ISA", "sse9")
+    with pytest.raises(pagedattn.Error, match="PA_ISA"):
+        pagedattn.Context()
+
+
+def test_forked_child_gets_a_clear_error():
+    """A context made before a fork has no threads in the child: it refuses instead of hanging."""
+    code = (
+        "import os, pagedattn, torch\n"
+        "ctx = pagedattn.Context(2)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    try:\n"
+        "        z = torch.zeros\n"
+        "        pagedattn.merge_states(z(1,1,4), z(1,1), z(1,1,4), z(1,1), ctx=ctx)\n"
+        "        os._exit(3)\n"
+        "    except pagedattn.Error as e:\n"
+        "        os._exit(0 if 'forked' in str(e) else 4)\n"
+        "    os._exit(5)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "z = torch.zeros\n"
+        "pagedattn.merge_states(z(1,1,4), z(1,1), z(1,1,4), z(1,1))\n"
+        "raise SystemExit(os.waitstatus_to_exitcode(status))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], timeout=60, env=dict(os.environ))
+    assert result.returncode == 0
