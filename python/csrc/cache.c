@@ -212,6 +212,54 @@ static PyObject *cache_combined(PyObject *cls, PyObject *args) {
   return result;
 }
 
+/* KVCache.pages(kv_cache, head_size, kv_cache_dtype, k_scale, v_scale): vLLM's CPU page,
+ * [num_blocks, num_kv_heads, block_size, 2 * head_size] with each (block, head)'s
+ * [block_size, 2 * head_size] dense and read as its K tile then its V tile. */
+static PyObject *cache_pages(PyObject *cls, PyObject *args) {
+  PyObject *kv, *k_scale, *v_scale;
+  int head_size, requested;
+  if (!PyArg_ParseTuple(args, "OiiOO:pages", &kv, &head_size, &requested, &k_scale, &v_scale)) {
+    return NULL;
+  }
+  pyx_tensor t;
+  if (pyx_tensor_get(kv, "kv_cache", 1, &t) < 0) return NULL;
+  PyObject *result = NULL;
+  pa_kv_cache c = {0};
+  char shape[160];
+  if (t.ndim != 4 || head_size < 1 || t.shape[3] != 2 * (int64_t)head_size) {
+    pyx_invalid(
+        "kv_cache has shape %s; it must be [num_blocks, num_kv_heads, block_size, "
+        "2 * head_size] with head_size = %d",
+        pyx_shape_string(&t, shape, sizeof shape), head_size);
+  } else if (t.strides[3] != 1 || (t.shape[2] > 1 && t.strides[2] != t.shape[3])) {
+    pyx_invalid(
+        "kv_cache (shape %s) has strides [%lld, %lld, %lld, %lld]: each page's "
+        "[block_size, 2 * head_size] must be dense",
+        pyx_shape_string(&t, shape, sizeof shape), (long long)t.strides[0], (long long)t.strides[1],
+        (long long)t.strides[2], (long long)t.strides[3]);
+  } else if ((t.shape[0] > 1 && t.strides[0] == 0) || (t.shape[1] > 1 && t.strides[1] == 0)) {
+    pyx_invalid("kv_cache has stride 0 in dimension %d: its %s overlap",
+                t.shape[0] > 1 && t.strides[0] == 0 ? 0 : 1,
+                t.shape[0] > 1 && t.strides[0] == 0 ? "blocks" : "KV heads");
+  } else if (fits_int(t.shape[1], "kv_cache", "num_kv_heads") == 0 &&
+             fits_int(t.shape[2], "kv_cache", "block_size") == 0 &&
+             resolve_dtype(&t, "kv_cache", requested, &c.dtype) == 0 &&
+             scales_arg(k_scale, v_scale, &c) == 0) {
+    int64_t tile = t.shape[2] * head_size, page = 2 * tile;
+    c.num_blocks = t.shape[0];
+    c.num_kv_heads = (int)t.shape[1];
+    c.block_size = (int)t.shape[2];
+    c.head_size = head_size;
+    c.head_stride = t.shape[1] > 1 ? t.strides[1] : page;
+    c.block_stride = t.shape[0] > 1 ? t.strides[0] : c.num_kv_heads * c.head_stride;
+    c.key = t.data;
+    c.value = (char *)t.data + tile * (int64_t)pyx_elem_size(t.elem);
+    result = cache_new((PyTypeObject *)cls, kv, kv, &c);
+  }
+  pyx_tensor_release(&t);
+  return result;
+}
+
 static void cache_dealloc(PyObject *self) {
   pyx_cache *c = (pyx_cache *)self;
   Py_XDECREF(c->key);
@@ -251,6 +299,10 @@ static PyMethodDef cache_methods[] = {
     {"combined", cache_combined, METH_VARARGS | METH_CLASS,
      "combined(kv_cache, num_kv_heads, head_size, kv_cache_dtype, k_scale, v_scale)\n\n"
      "The backend's cache tensor [2, num_blocks, block_size * num_kv_heads * head_size]."},
+    {"pages", cache_pages, METH_VARARGS | METH_CLASS,
+     "pages(kv_cache, head_size, kv_cache_dtype, k_scale, v_scale)\n\n"
+     "vLLM's CPU cache of a layer, [num_blocks, num_kv_heads, block_size, 2 * head_size]:\n"
+     "each (block, head) page holds its K tile, then its V tile."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,171 @@
+"""The vLLM attention impl: one layer's forward over vLLM's cache pages, through the library."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.logger import init_logger
+from vllm.v1.attention.backend import AttentionImpl, AttentionType
+
+from .. import __version__, _ext
+from ..functions import ATTN_TYPES, default_context
+from ..metadata import step_key
+from .backend import KV_CACHE_DTYPES, PagedAttnMetadata
+
+# Under "vllm." so that vLLM's handler prints it.
+logger = init_logger("vllm.pagedattn")
+_announced = False
+
+# kv_cache_dtype string -> the extension's code (-1: the cache tensor's own dtype).
+_CACHE_CODES = {"fp8": 3, "fp8_e4m3": 3, "fp8_e5m2": 4}
+
+
+def _announce(ctx: Any) -> None:
+    global _announced
+    if not _announced:
+        _announced = True
+        logger.info(
+            "pagedattn: the PAGEDATTN backend %s serves CPU_ATTN (%d threads, isa %s)",
+            __version__,
+            ctx.num_threads,
+            ctx.isa,
+        )
+
+
+class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
+    """One attention layer. A configuration the library cannot serve raises ValueError here,
+    at construction, naming what it refuses: the layer is never handed to another backend."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+        **extra: Any,
+    ) -> None:
+        if extra:
+            raise ValueError(f"pagedattn: unsupported attention arguments {sorted(extra)}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"pagedattn: kv_cache_dtype = {kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}"
+            )
+        if attn_type not in ATTN_TYPES:
+            raise ValueError(
+                f"pagedattn: attn_type = {attn_type!r} is not one of {list(ATTN_TYPES)}"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.ctx = default_context()
+        self._cache_code = _CACHE_CODES.get(kv_cache_dtype, -1)
+        self._alibi_slopes = alibi_slopes
+        self._sinks = sinks
+        # Decoder layers of a non-causal batch (vLLM's bidirectional decoders) see every key
+        # of their sequence: the library's cross-attention masking, made when first needed.
+        self._bidirectional: Any = None
+        try:
+            self.layer = self._make_layer(attn_type)
+        except ValueError as error:
+            raise ValueError(f"pagedattn cannot serve this attention layer: {error}") from error
+        self.step_key = step_key(self.ctx, (num_heads, self.num_kv_heads, head_size), False)
+        self._paged = attn_type in (AttentionType.DECODER, AttentionType.ENCODER_DECODER)
+        self._writes = kv_sharing_target_layer_name is None
+        self._cache_entry: tuple | None = None
+        _announce(self.ctx)
+
+    def _make_layer(self, attn_type: str) -> Any:
+        sinks = None if self._sinks is None else self._sinks.float().tolist()
+        return _ext.Layer(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_size,
+            self.scale,
+            self._alibi_slopes,
+            self.sliding_window or 0,
+            self.logits_soft_cap or 0.0,
+            sinks,
+            ATTN_TYPES[attn_type],
+        )
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """Sinks are the layer's weights, loaded after construction: the library's copy of
+        them is made again from the loaded values."""
+        if self._sinks is not None:
+            self.layer = self._make_layer(self.attn_type)
+            self._bidirectional = None
+
+    def _library_cache(self, kv_cache: torch.Tensor, layer: Any) -> Any:
+        """The library's view of the layer's pages, remembered with the tensor, its data
+        pointer and (FP8) the layer's scales."""
+        scales = (1.0, 1.0)
+        if self._cache_code != -1:
+            scales = (float(layer._k_scale_float), float(layer._v_scale_float))
+        cache = _ext.KVCache.pages(kv_cache, self.head_size, self._cache_code, *scales)
+        self._cache_entry = (kv_cache, kv_cache.data_ptr(), scales, cache)
+        return cache
+
+    def _layer_for(self, causal: bool) -> Any:
+        if causal or self.attn_type != AttentionType.DECODER:
+            return self.layer
+        if self._bidirectional is None:
+            self._bidirectional = self._make_layer(AttentionType.ENCODER_DECODER)
+        return self._bidirectional
+
+    def forward(
+        self,
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        attn_metadata: PagedAttnMetadata | None,
+        output: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query [T, num_heads, head_size], key/value [T, num_kv_heads, head_size] or None,
+        kv_cache [num_blocks, num_kv_heads, block_size, 2 * head_size] (empty for encoders),
+        output [T, num_heads, head_size]: writes the new K/V (decoder and cross-attention
+        layers), then attends; rows past the batch's are left as they are."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("pagedattn: fused output quantization is not supported")
+        if attn_metadata is None:
+            return output  # the engine's warm-up
+        md = attn_metadata
+        if not self._paged:  # encoders: bidirectional over the batch's own rows
+            qsl = md.query_start_loc
+            _ext.varlen_attention(self.ctx, self.layer, query, key, value, qsl, qsl, output, None)
+            return output
+        entry = self._cache_entry
+        if (
+            entry is not None
+            and entry[0] is kv_cache
+            and entry[1] == kv_cache.data_ptr()
+            and (self._cache_code == -1 or entry[2] == (layer._k_scale_float, layer._v_scale_float))
+        ):
+            cache = entry[3]
+        else:
+            cache = self._library_cache(kv_cache, layer)
+        plan = md.plans.get(self.step_key)
+        if plan is None:
+            plan = md.plans[self.step_key] = _ext.Plan(self.ctx, self.layer, md.batch)
+        if not self._writes:
+            key = value = None
+        lib_layer = self.layer if md.causal else self._layer_for(False)
+        _ext.forward(self.ctx, lib_layer, plan, query, key, value, cache, md.batch, output)
+        return output
