@@ -70,9 +70,9 @@ def test_fp8_cache_matches_stock_fp8():
         print(note)
 
 
-@pytest.mark.parametrize("model", ["gemma2", "bloom"])
+@pytest.mark.parametrize("model", ["gemma2", "bloom", "gpt_oss"])
 def test_logit_features_match_stock(model):
-    """Gemma 2: soft-capped logits and a sliding window; Bloom: ALiBi."""
+    """Gemma 2: soft-capped logits and a sliding window; Bloom: ALiBi; GPT-OSS: sinks."""
     ours, stock = run_engine(spec(model)), run_engine(spec(model), pagedattn=False)
     assert ours["impls"] == [PAGEDATTN_IMPL]
     assert_greedy_agrees(ours, stock, None, f"tiny {model}")

@@ -58,6 +58,22 @@ CONFIGS = {
         "layer_norm_epsilon": 1e-5,
         "tie_word_embeddings": True,
     },
+    # Attention sinks, with sliding-window layers between full ones.
+    "gpt_oss": {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "hidden_size": 256,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "num_hidden_layers": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 64,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rms_norm_eps": 1e-5,
+    },
 }
 
 
