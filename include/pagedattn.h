@@ -79,8 +79,8 @@ PA_API const char *pa_dtype_name(pa_dtype dtype); /* "f32", ..., "fp8_e5m2"; "in
 
 /* A context owns a persistent thread pool (num_threads - 1 workers; the
  * calling thread is the first worker) and per-thread scratch memory. The
- * environment variable PA_ISA ("scalar", "avx2", "avx512") caps the kernel
- * family; an unknown value is an error at creation. A context is used by one
+ * environment variable PA_ISA ("scalar", "avx2", "avx512", "avx512bf16",
+ * "amx") caps the kernel path; an unknown value is an error at creation. A context is used by one
  * caller thread at a time; different contexts may be used concurrently. */
 typedef struct pa_context pa_context;
 
@@ -89,6 +89,11 @@ PA_API pa_status pa_context_create(int num_threads, pa_context **ctx);
 PA_API void pa_context_destroy(pa_context *ctx);
 PA_API int pa_context_num_threads(const pa_context *ctx);
 PA_API const char *pa_context_isa(const pa_context *ctx); /* "avx512", "avx2" or "scalar" */
+/* The kernel path within the family, as PA_ISA names it: "scalar", "avx2",
+ * "avx512" (AVX-512 F/BW/DQ/VL only), "avx512bf16" (with its bf16 dot
+ * products) or "amx" (with AMX tiles for the packed bf16 products). PA_ISA
+ * set to one of these caps the path. */
+PA_API const char *pa_context_kernel_path(const pa_context *ctx);
 
 /* ------------------------------------------------------------------------ */
 /* Backend description                                                      */

@@ -31,7 +31,7 @@ static pa_status choose_isa(pa_isa *isa) {
   if (!pa_isa_parse(cap, &requested)) {
     return pa_fail(PA_ERR_INVALID_ARGUMENT,
                    "pa_context_create: environment variable PA_ISA = \"%s\" names no kernel "
-                   "family (expected scalar, avx2 or avx512)",
+                   "path (expected scalar, avx2, avx512, avx512bf16 or amx)",
                    cap);
   }
   if (requested < *isa) *isa = requested;
@@ -77,6 +77,10 @@ void pa_context_destroy(pa_context *ctx) {
 int pa_context_num_threads(const pa_context *ctx) { return ctx ? ctx->num_threads : 0; }
 
 const char *pa_context_isa(const pa_context *ctx) { return ctx ? ctx->kernels.isa : ""; }
+
+const char *pa_context_kernel_path(const pa_context *ctx) {
+  return ctx ? pa_isa_name(ctx->isa) : "";
+}
 
 /* Sizes grow by half again so a slowly growing workload settles quickly. */
 static size_t grown(size_t have, size_t need) {

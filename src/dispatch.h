@@ -4,13 +4,26 @@
 
 #include "kernels/kernels.h"
 
-typedef enum pa_isa { PA_ISA_SCALAR, PA_ISA_AVX2, PA_ISA_AVX512 } pa_isa;
+/* Kernel paths, each the one before it plus more: AVX-512 without and with
+ * its bf16 dot products, then AMX tiles for the packed bf16 products. PA_ISA
+ * names one of them to cap the path; pa_context_isa() reports the family
+ * (scalar, avx2, avx512) and pa_context_kernel_path() the path. */
+typedef enum pa_isa {
+  PA_ISA_SCALAR,
+  PA_ISA_AVX2,
+  PA_ISA_AVX512,
+  PA_ISA_AVX512BF16,
+  PA_ISA_AMX,
+  PA_NUM_ISAS
+} pa_isa;
 
-/* The best family the CPU and OS support. */
+/* The best path the CPU and OS support (for AMX: the OS grants this process
+ * the tile state, which this requests). */
 pa_isa pa_isa_detect(void);
-/* Parses a PA_ISA value; 0 if it names no family. */
+/* Parses a PA_ISA value; 0 if it names no path. */
 int pa_isa_parse(const char *name, pa_isa *isa);
-const char *pa_isa_name(pa_isa isa);
+const char *pa_isa_name(pa_isa isa);        /* the path: "amx", "avx512bf16", ... */
+const char *pa_isa_family_name(pa_isa isa); /* "scalar", "avx2" or "avx512" */
 /* Fills `kernels` with the family `isa` (which must be supported). */
 void pa_kernels_build(pa_isa isa, pa_kernels *kernels);
 

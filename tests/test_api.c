@@ -80,6 +80,23 @@ static void test_status_strings(void) {
   TU_CHECK(unknown != NULL, "pa_status_string(99) is NULL");
 }
 
+/* The path is one PA_ISA names, of the family pa_context_isa reports, and
+ * no further along than a PA_ISA cap. */
+static void check_kernel_path(const pa_context *ctx, const char *cap) {
+  static const char *paths[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
+  static const char *family_of[] = {"scalar", "avx2", "avx512", "avx512", "avx512"};
+  const char *path = pa_context_kernel_path(ctx), *isa = pa_context_isa(ctx);
+  int at = -1, cap_at = 4;
+  for (int i = 0; i < 5; i++) {
+    if (path && strcmp(path, paths[i]) == 0) at = i;
+    if (cap && strcmp(cap, paths[i]) == 0) cap_at = i;
+  }
+  TU_CHECK(at >= 0, "pa_context_kernel_path = %s", path ? path : "(null)");
+  if (at < 0) return;
+  TU_CHECK(strcmp(isa, family_of[at]) == 0, "path %s but isa %s", path, isa);
+  TU_CHECK(at <= cap_at, "PA_ISA=%s but path %s", cap ? cap : "", path);
+}
+
 static void test_contexts(void) {
   static const char *families[] = {"avx512", "avx2", "scalar"};
   static const int requests[] = {1, 2, 3, 0, -4};
@@ -104,6 +121,7 @@ static void test_contexts(void) {
       TU_CHECK(isa && strcmp(isa, "scalar") == 0, "PA_ISA=scalar but isa %s", isa);
     if (cap && strcmp(cap, "avx2") == 0)
       TU_CHECK(isa && strcmp(isa, "avx512") != 0, "PA_ISA=avx2 but isa %s", isa);
+    check_kernel_path(ctx, cap);
     pa_context_destroy(ctx);
   }
 }

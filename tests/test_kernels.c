@@ -27,6 +27,8 @@ static const size_t g_packed_keys[] = {1, 3, 17, 63, 64, 65, 100, 127, 128};
 /* Direct kernels take any key count; S rows of the direct tests hold 70. */
 static const size_t g_direct_keys[] = {1, 2, 3, 5, 15, 16, 17, 33, 63, 64, 65, 70};
 static const size_t g_rows[] = {1, 2, 3, 4, 5, 6, 7, 9, 13, 16, 17};
+/* Packed kernels take more rows (AMX tiles are 16 rows, in blocks of 32). */
+static const size_t g_packed_rows[] = {1, 3, 6, 13, 16, 17, 31, 32, 33, 48, 50, 64};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Random values of a dtype, as bytes, finite (no NaN/inf codes). */
@@ -387,15 +389,18 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
     size_t d = g_heads[di],
            n = g_packed_keys[(size_t)tu_int(rng, 0, (int)(COUNT(g_packed_keys) - 1))];
     /* Q rows hold d rounded up to 64 (see pa_attn_ops). */
-    size_t m = g_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_rows) - 1))];
+    size_t m = g_packed_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_packed_rows) - 1))];
     size_t ldq = (d + 63) / 64 * 64 + 2, lds = PA_PACK_KEYS + 3, ldo = d + 1;
     rows kr, vr;
     make_rows(rng, &kr, cache, n, d);
     make_rows(rng, &vr, cache, n, d);
     void *q_act = malloc(m * ldq * 4), *q_k = malloc(m * ldq * 4), *q_s = malloc(m * ldq * 4);
     void *kp = malloc(pa_packed_bytes(d)), *sp = malloc(pa_packed_bytes(d));
+    /* A packed tile's buffer holds an earlier tile's data: NaN here, so that
+     * a kernel reading past what it packed shows. */
+    memset(kp, 0xff, pa_packed_bytes(d));
     float *got = malloc(m * lds * 4), *want = malloc(m * lds * 4);
-    float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4), rescale[17];
+    float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4), *rescale = malloc(m * 4);
     random_elements(rng, act, q_act, m * ldq);
     size_t act_size = pa_dtype_size(act);
     for (size_t i = 0; i < m; i++) {
@@ -446,7 +451,7 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
       }
     }
     free(kr.block), free(vr.block), free(q_act), free(q_k), free(q_s), free(kp), free(sp);
-    free(got), free(want), free(o_got), free(o_want);
+    free(got), free(want), free(o_got), free(o_want), free(rescale);
   }
 }
 

@@ -138,6 +138,12 @@ static PyObject *context_isa(PyObject *self, void *closure) {
   return context_ready(c) ? PyUnicode_FromString(pa_context_isa(c->ctx)) : NULL;
 }
 
+static PyObject *context_kernel_path(PyObject *self, void *closure) {
+  (void)closure;
+  pyx_context *c = (pyx_context *)self;
+  return context_ready(c) ? PyUnicode_FromString(pa_context_kernel_path(c->ctx)) : NULL;
+}
+
 static PyObject *context_get_timing(PyObject *self, void *closure) {
   (void)closure;
   return PyBool_FromLong(((pyx_context *)self)->timing);
@@ -167,13 +173,18 @@ static int context_set_library_seconds(PyObject *self, PyObject *value, void *cl
 static PyObject *context_repr(PyObject *self) {
   pyx_context *c = (pyx_context *)self;
   if (!c->ctx) return PyUnicode_FromString("<pagedattn.Context (not initialised)>");
-  return PyUnicode_FromFormat("<pagedattn.Context num_threads=%d isa='%s'>",
-                              pa_context_num_threads(c->ctx), pa_context_isa(c->ctx));
+  return PyUnicode_FromFormat("<pagedattn.Context num_threads=%d isa='%s' kernel_path='%s'>",
+                              pa_context_num_threads(c->ctx), pa_context_isa(c->ctx),
+                              pa_context_kernel_path(c->ctx));
 }
 
 static PyGetSetDef context_getset[] = {
     {"num_threads", context_num_threads, NULL, "Threads of the pool, the caller's included.", NULL},
     {"isa", context_isa, NULL, "Kernel family in use: 'avx512', 'avx2' or 'scalar'.", NULL},
+    {"kernel_path", context_kernel_path, NULL,
+     "The path within the family, as PA_ISA names it: 'scalar', 'avx2', 'avx512',\n"
+     "'avx512bf16' or 'amx'.",
+     NULL},
     {"timing", context_get_timing, context_set_timing,
      "When true, the time of each library call on this context adds to library_seconds\n"
      "(for benchmarks: what a Python caller spends outside the library).",

@@ -471,3 +471,13 @@ def test_forked_child_gets_a_clear_error():
     )
     result = subprocess.run([sys.executable, "-c", code], timeout=60, env=dict(os.environ))
     assert result.returncode == 0
+
+
+def test_context_reports_its_kernels(monkeypatch):
+    ctx = pagedattn.Context(1)
+    assert ctx.isa in ("scalar", "avx2", "avx512")
+    paths = ["scalar", "avx2", "avx512", "avx512bf16", "amx"]
+    assert ctx.kernel_path in paths
+    monkeypatch.setenv("PA_ISA", "avx512")
+    capped = pagedattn.Context(1)
+    assert paths.index(capped.kernel_path) <= paths.index("avx512")

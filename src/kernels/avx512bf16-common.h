@@ -104,4 +104,17 @@ PA_INLINE void pack_pairs(int rows, size_t n, const float *p, size_t ldp,
   pack_pairs_parts(0, rows, n, p, ldp, pairs);
 }
 
+/* The packed bf16 kernels of prefill-avx512bf16.c, which the AMX kernels
+ * share (layouts) and fall back on (row tails, head sizes that are not a
+ * multiple of 32). */
+void pa_pack_v_bf16_avx512bf16(void *dst, const void *const *rows, size_t n, size_t d);
+void pa_pack_v_e4m3_avx512bf16(void *dst, const void *const *rows, size_t n, size_t d);
+void pa_pack_v_e5m2_avx512bf16(void *dst, const void *const *rows, size_t n, size_t d);
+void pa_qk_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                                  const void *k_packed, float *s, size_t lds,
+                                  pa_prefetch *prefetch);
+void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                  const void *v_packed, float *o, size_t ldo, const float *rescale,
+                                  pa_prefetch *prefetch);
+
 #endif

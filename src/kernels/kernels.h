@@ -237,6 +237,7 @@ void pa_prefill_kernels_avx512(pa_kernels *k);
 void pa_attn_kernels_avx512bf16(pa_kernels *k);
 void pa_prefill_kernels_avx512bf16(pa_kernels *k);
 void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k);
+void pa_prefill_kernels_amx(pa_kernels *k);
 #endif
 
 #endif

@@ -57,12 +57,12 @@ PA_INLINE void pack_v_pairs(pa_bf16_loader load, size_t elem, const uint16_t *ta
   }
 }
 
-#define PA_DEFINE_PACK(suffix, loader, elem, table)                                     \
-  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
-    pack_k_pairs(loader, elem, table, dst, rows, n, d);                                 \
-  }                                                                                     \
-  static void pack_v_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
-    pack_v_pairs(loader, elem, table, dst, rows, n, d);                                 \
+#define PA_DEFINE_PACK(suffix, loader, elem, table)                                              \
+  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) {          \
+    pack_k_pairs(loader, elem, table, dst, rows, n, d);                                          \
+  }                                                                                              \
+  void pa_pack_v_##suffix##_avx512bf16(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_v_pairs(loader, elem, table, dst, rows, n, d);                                          \
   }
 
 PA_DEFINE_PACK(bf16, load_bf16x32, 2, NULL)
@@ -121,8 +121,9 @@ PA_INLINE void qk_packed_block(const int rows, size_t keys, size_t d, const uint
   }
 }
 
-static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
-                      const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch) {
+void pa_qk_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                                  const void *k_packed, float *s, size_t lds,
+                                  pa_prefetch *prefetch) {
   const uint16_t *q = q_rows;
   const uint32_t *kt = k_packed;
   /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. The requests are
@@ -186,9 +187,9 @@ PA_INLINE void pv_packed_rows(const int rows, size_t i, size_t m, size_t n, size
   }
 }
 
-static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo, const float *rescale,
-                      pa_prefetch *prefetch) {
+void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                  const void *v_packed, float *o, size_t ldo, const float *rescale,
+                                  pa_prefetch *prefetch) {
   const uint32_t *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
 #define PV_ROWS(rows, i)                                                         \
@@ -208,15 +209,16 @@ void pa_prefill_kernels_avx512bf16(pa_kernels *k) {
   pa_bf16_tables_init();
   static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {
       [PA_BF16] = pack_k_bf16, [PA_FP8_E4M3] = pack_k_e4m3, [PA_FP8_E5M2] = pack_k_e5m2};
-  static const pa_pack_fn pack_v[PA_NUM_DTYPES] = {
-      [PA_BF16] = pack_v_bf16, [PA_FP8_E4M3] = pack_v_e4m3, [PA_FP8_E5M2] = pack_v_e5m2};
+  static const pa_pack_fn pack_v[PA_NUM_DTYPES] = {[PA_BF16] = pa_pack_v_bf16_avx512bf16,
+                                                   [PA_FP8_E4M3] = pa_pack_v_e4m3_avx512bf16,
+                                                   [PA_FP8_E5M2] = pa_pack_v_e5m2_avx512bf16};
   for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
     if (!pack_k[cache]) continue;
     pa_attn_ops *ops = &k->attn[PA_BF16][cache];
     ops->pack_k = pack_k[cache];
     ops->pack_v = pack_v[cache];
-    ops->qk_packed = qk_packed;
-    ops->pv_packed = pv_packed;
+    ops->qk_packed = pa_qk_packed_bf16_avx512bf16;
+    ops->pv_packed = pa_pv_packed_bf16_avx512bf16;
     ops->packed_min_rows = cache == PA_BF16 ? 16 : 32;
   }
 }
