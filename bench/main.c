@@ -36,12 +36,13 @@ static void usage(FILE *f) {
       "\n"
       "Without --mode, runs the default suite (Llama-3-8B-shaped layer: 32 query heads, 8 KV\n"
       "heads, head size 128, block size 16, bf16) with 1 and 2 threads, after measuring this\n"
-      "machine's roofline (streaming-read bandwidth, f32 FMA and bf16 dot peaks).\n"
+      "machine's roofline (streaming-read bandwidth, f32 FMA, bf16 dot and AMX peaks).\n"
       "\n"
       "general:\n"
       "  --threads LIST      thread counts, comma-separated (default 1,2)\n"
       "  --repeats N         timed calls per row (default: adaptive, ~0.5 s, >= 3 when cheap)\n"
-      "  --isa NAME          set PA_ISA=NAME for the library (scalar, avx2, avx512)\n"
+      "  --isa NAME          set PA_ISA=NAME for the library (scalar, avx2, avx512, avx512bf16,\n"
+      "                      amx)\n"
       "  --csv | --json      machine-readable output instead of the table\n"
       "  --filter SUBSTRING  run only rows whose name contains SUBSTRING\n"
       "  --quick             small shapes and short timings (for tests)\n"
@@ -263,15 +264,21 @@ static void fill_row(pab_row *r, const pab_case *c, const pab_metrics *m, const 
       r->mem = m->kv_bytes <= (double)mach->l2_bytes ? "L2" : "L3";
   }
 
-  /* f32 rows are held to the FMA peak; 16-bit rows to the bf16 dot peak, falling back to FMA
-   * on machines without one. */
+  /* A row is held to the largest peak its dtype can use on the library's path: the FMA for
+   * f32; the FMA or the bf16 dot for 16-bit rows, and the AMX tiles for bf16 rows on the amx
+   * path (whichever this machine runs fastest). */
   double peak = -1;
   const char *peak_name = "fma";
+  int amx_path = r->isa && strcmp(r->isa, "amx") == 0;
   if (roof) {
     peak = roof->fma_gflops;
-    if (c->dtype != PA_F32 && roof->bf16_gflops > 0) {
+    if (c->dtype != PA_F32 && roof->bf16_gflops > peak) {
       peak = roof->bf16_gflops;
       peak_name = "bf16";
+    }
+    if (c->dtype == PA_BF16 && amx_path && roof->amx_gflops > peak) {
+      peak = roof->amx_gflops;
+      peak_name = "amx";
     }
   }
   r->roof_pct = -1;
@@ -339,7 +346,7 @@ int main(int argc, char **argv) {
       writer = ctx[i];
     }
   }
-  const char *lib_isa = pa_context_isa(ctx[0]);
+  const char *lib_isa = pa_context_kernel_path(ctx[0]);
   int want_scalar = !o.no_scalar && strcmp(lib_isa, "scalar") != 0;
 
   pab_header h;
@@ -397,7 +404,7 @@ int main(int argc, char **argv) {
         pab_data_time(d, cx, pass ? &scalar_timing : &timing, &res);
         pab_row row;
         memset(&row, 0, sizeof row);
-        row.isa = pa_context_isa(cx);
+        row.isa = pa_context_kernel_path(cx);
         row.threads = threads;
         const pab_roof *found = pab_roof_for(roofs, o.num_threads, threads);
         pab_roof roof = found ? *found : roofs[t];

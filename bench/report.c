@@ -51,22 +51,26 @@ static void header_table(const pab_header *h) {
          h->isa_env ? " (PA_ISA=" : "", h->isa_env ? h->isa_env : "", h->isa_env ? ")" : "");
   printf("cpu: %s  L2 %zu KiB  L3 %zu MiB  date: %s\n", m->cpu, m->l2_bytes >> 10,
          m->l3_bytes >> 20, h->date);
-  printf("roofline (measured here; read: %s loop over %zu MiB, best rep; fma: %s; bf16: %s)\n",
-         m->read_isa, h->roof_buffer_bytes >> 20, m->fma_isa ? m->fma_isa : "n/a",
-         m->bf16_isa ? m->bf16_isa : "n/a");
-  printf("  %7s  %12s  %16s  %17s\n", "threads", "read GB/s", "f32 FMA GFLOP/s",
-         "bf16 dot GFLOP/s");
+  printf(
+      "roofline (measured here; read: %s loop over %zu MiB, best rep; fma: %s; bf16: %s; "
+      "amx: %s)\n",
+      m->read_isa, h->roof_buffer_bytes >> 20, m->fma_isa ? m->fma_isa : "n/a",
+      m->bf16_isa ? m->bf16_isa : "n/a", m->amx_isa ? m->amx_isa : "n/a");
+  printf("  %7s  %12s  %16s  %17s  %17s\n", "threads", "read GB/s", "f32 FMA GFLOP/s",
+         "bf16 dot GFLOP/s", "AMX bf16 GFLOP/s");
   for (int i = 0; i < h->num_roofs; i++) {
     const pab_roof *r = &h->roofs[i];
-    char fma[32], bf16[32];
+    char fma[32], bf16[32], amx[32];
     na_or(fma, sizeof fma, "%.1f", r->fma_gflops);
     na_or(bf16, sizeof bf16, "%.1f", r->bf16_gflops);
-    printf("  %7d  %12.1f  %16s  %17s\n", r->threads, r->read_gbs, fma, bf16);
+    na_or(amx, sizeof amx, "%.1f", r->amx_gflops);
+    printf("  %7d  %12.1f  %16s  %17s  %17s\n", r->threads, r->read_gbs, fma, bf16, amx);
   }
   fputs(
-      "%roof: bw = KV GB/s over read GB/s (decode); fma|bf16 = GFLOP/s over that peak\n"
-      "  (prefill, encoder); max = max(bytes/bw, flops/peak) over the time (mixed,\n"
-      "  speculative decode).\n"
+      "%roof: bw = KV GB/s over read GB/s (decode); fma|bf16|amx = GFLOP/s over the largest\n"
+      "  peak the row's dtype can use on the library's path (prefill, encoder: the FMA for f32;\n"
+      "  the FMA or the bf16 dot for 16-bit rows, and AMX for bf16 rows on the amx path);\n"
+      "  max = max(bytes/bw, flops/peak) over the time (mixed, speculative decode).\n"
       "  DRAM decode rows use the larger of the table's read GB/s and one measured just\n"
       "  before the row (the bandwidth of a shared machine drifts over a run).\n"
       "mem: where a decode row's K/V come from on each call (L2/L3 when they fit and are\n"
@@ -82,11 +86,12 @@ static void header_csv(const pab_header *h) {
          h->date);
   for (int i = 0; i < h->num_roofs; i++) {
     const pab_roof *r = &h->roofs[i];
-    char fma[32], bf16[32];
+    char fma[32], bf16[32], amx[32];
     na_or(fma, sizeof fma, "%.1f", r->fma_gflops);
     na_or(bf16, sizeof bf16, "%.1f", r->bf16_gflops);
-    printf("# roofline threads=%d read_gbs=%.2f fma_gflops=%s bf16_gflops=%s\n", r->threads,
-           r->read_gbs, fma, bf16);
+    na_or(amx, sizeof amx, "%.1f", r->amx_gflops);
+    printf("# roofline threads=%d read_gbs=%.2f fma_gflops=%s bf16_gflops=%s amx_gflops=%s\n",
+           r->threads, r->read_gbs, fma, bf16, amx);
   }
   printf(
       "name,isa,threads,shape,mem,reps,median_us,min_us,kv_bytes,flops,kv_gbs,gflops,"
@@ -130,6 +135,8 @@ static void header_json(const pab_header *h) {
     json_num(r->fma_gflops);
     printf(", \"bf16_gflops\": ");
     json_num(r->bf16_gflops);
+    printf(", \"amx_gflops\": ");
+    json_num(r->amx_gflops);
     printf("}");
   }
   printf("\n  ]},\n  \"rows\": [");

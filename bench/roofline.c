@@ -80,6 +80,9 @@ void pab_machine_probe(pab_machine *m) {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
     m->bf16_isa = "avx512_bf16";
 #endif
+#if defined(PAB_HAVE_AMX)
+  if (__builtin_cpu_supports("amx-bf16") && pab_amx_granted()) m->amx_isa = "amx_bf16";
+#endif
 #endif
 }
 
@@ -291,6 +294,18 @@ static peak_fn pick_bf16(const pab_machine *m, double *flops_per_iter) {
   return NULL;
 }
 
+static peak_fn pick_amx(const pab_machine *m, double *flops_per_iter) {
+#if PAB_X86 && defined(PAB_HAVE_AMX)
+  if (m->amx_isa) {
+    *flops_per_iter = PAB_TDPBF16_FLOPS_PER_ITER;
+    return pab_tdpbf16_amx;
+  }
+#endif
+  (void)m;
+  *flops_per_iter = 0;
+  return NULL;
+}
+
 /* ---- driver ------------------------------------------------------------------------------ */
 
 struct pab_read_probe {
@@ -330,14 +345,16 @@ void pab_roofline_measure(const pab_machine *m, const int *threads, int num_thre
   for (int i = 0; i < num_threads; i++)
     if (threads[i] > max_threads) max_threads = threads[i];
   pab_read_probe *probe = pab_read_probe_new(m, buf_bytes, max_threads);
-  double fma_fpi = 0, bf16_fpi = 0;
+  double fma_fpi = 0, bf16_fpi = 0, amx_fpi = 0;
   peak_fn fma = pick_fma(m, &fma_fpi), bf16 = pick_bf16(m, &bf16_fpi);
+  peak_fn amx = pick_amx(m, &amx_fpi);
   for (int i = 0; i < num_threads; i++) {
     int n = threads[i];
     out[i].threads = n;
     out[i].read_gbs = pab_read_probe_gbs(probe, n, reps);
     out[i].fma_gflops = fma ? measure_peak(fma, fma_fpi, n, seconds, reps) : -1.0;
     out[i].bf16_gflops = bf16 ? measure_peak(bf16, bf16_fpi, n, seconds, reps) : -1.0;
+    out[i].amx_gflops = amx ? measure_peak(amx, amx_fpi, n, seconds, reps) : -1.0;
   }
   pab_read_probe_free(probe);
 }

@@ -1,5 +1,5 @@
-/* This machine's roofline, measured in-process: streaming-read bandwidth, f32 FMA peak and
- * bf16 dot peak, for a given number of threads running at once. */
+/* This machine's roofline, measured in-process: streaming-read bandwidth, f32 FMA peak, bf16
+ * dot peak and AMX bf16 tile peak, for a given number of threads running at once. */
 #ifndef PAB_ROOFLINE_H
 #define PAB_ROOFLINE_H
 
@@ -12,6 +12,7 @@ typedef struct pab_machine {
   const char *read_isa; /* loop used for the bandwidth: "avx512", "avx2" or "generic" */
   const char *fma_isa;  /* "avx512", "avx2" or NULL: no vector FMA on this machine/build */
   const char *bf16_isa; /* "avx512_bf16" or NULL */
+  const char *amx_isa;  /* "amx_bf16" or NULL (no AMX, or the OS does not grant it) */
 } pab_machine;
 
 typedef struct pab_roof {
@@ -19,6 +20,7 @@ typedef struct pab_roof {
   double read_gbs;    /* best of the reps, 1e9 bytes/s */
   double fma_gflops;  /* f32 FMA peak for this many threads; < 0: n/a */
   double bf16_gflops; /* vdpbf16ps peak for this many threads; < 0: n/a */
+  double amx_gflops;  /* tdpbf16ps peak for this many threads; < 0: n/a */
 } pab_roof;
 
 void pab_machine_probe(pab_machine *m);

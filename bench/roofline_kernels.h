@@ -18,5 +18,8 @@ uint64_t pab_read_avx2(const void *buf, size_t bytes);
 float pab_fma_avx512(uint64_t iters);
 float pab_fma_avx2(uint64_t iters);
 float pab_dpbf16_avx512(uint64_t iters);
+#define PAB_TDPBF16_FLOPS_PER_ITER (4.0 * 16.0 * 16.0 * 32.0 * 2.0) /* 4 tiles x 16x16x32 x 2 */
+float pab_tdpbf16_amx(uint64_t iters);
+int pab_amx_granted(void); /* asks the OS for the AMX tile state; 1 when granted */
 
 #endif
