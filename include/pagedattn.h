@@ -86,6 +86,22 @@ typedef struct pa_context pa_context;
 
 /* num_threads <= 0: one per online CPU. */
 PA_API pa_status pa_context_create(int num_threads, pa_context **ctx);
+
+/* A host's thread team, for a context that runs its work on the host's
+ * threads instead of a pool of its own: an engine whose other work runs on
+ * an OpenMP team (torch's) gives it that team, so that two sets of threads
+ * do not spin against each other on the same cores. run(team, work, arg,
+ * num_threads) calls work(arg, t) once for each of up to num_threads
+ * threads t in [0, num_threads), concurrently, the caller's among them, and
+ * returns when every call has returned (distinct t for calls that overlap;
+ * fewer threads than asked, down to one, is allowed). */
+typedef void (*pa_team_work_fn)(void *arg, int thread);
+typedef void (*pa_team_fn)(void *team, pa_team_work_fn work, void *arg, int num_threads);
+
+/* As pa_context_create with num_threads >= 1, the work running on `run`'s
+ * team; `team` is passed to it as it is. */
+PA_API pa_status pa_context_create_with_team(int num_threads, pa_team_fn run, void *team,
+                                             pa_context **ctx);
 PA_API void pa_context_destroy(pa_context *ctx);
 PA_API int pa_context_num_threads(const pa_context *ctx);
 PA_API const char *pa_context_isa(const pa_context *ctx); /* "avx512", "avx2" or "scalar" */

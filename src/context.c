@@ -23,45 +23,64 @@ static int online_cpus(void) {
   return n < 1 ? 1 : (n > PA_MAX_THREADS ? PA_MAX_THREADS : (int)n);
 }
 
-static pa_status choose_isa(pa_isa *isa) {
+static pa_status choose_isa(pa_isa *isa, const char *caller) {
   *isa = pa_isa_detect();
   const char *cap = getenv("PA_ISA");
   if (!cap || !*cap) return PA_OK;
   pa_isa requested;
   if (!pa_isa_parse(cap, &requested)) {
     return pa_fail(PA_ERR_INVALID_ARGUMENT,
-                   "pa_context_create: environment variable PA_ISA = \"%s\" names no kernel "
+                   "%s: environment variable PA_ISA = \"%s\" names no kernel "
                    "path (expected scalar, avx2, avx512, avx512bf16 or amx)",
-                   cap);
+                   caller, cap);
   }
   if (requested < *isa) *isa = requested;
   return PA_OK;
 }
 
-pa_status pa_context_create(int num_threads, pa_context **out) {
-  if (!out) return pa_fail(PA_ERR_INVALID_ARGUMENT, "pa_context_create: ctx is NULL");
+static pa_status create_context(int num_threads, pa_team_fn run, void *team, const char *caller,
+                                pa_context **out) {
+  if (!out) return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", caller);
   if (num_threads > PA_MAX_THREADS) {
-    return pa_fail(PA_ERR_INVALID_ARGUMENT, "pa_context_create: num_threads = %d exceeds %d",
-                   num_threads, PA_MAX_THREADS);
+    return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: num_threads = %d exceeds %d", caller, num_threads,
+                   PA_MAX_THREADS);
   }
   pa_isa isa;
-  pa_status status = choose_isa(&isa);
+  pa_status status = choose_isa(&isa, caller);
   if (status != PA_OK) return status;
 
   pa_context *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return pa_fail(PA_ERR_OUT_OF_MEMORY, "pa_context_create: out of memory");
+  if (!ctx) return pa_fail(PA_ERR_OUT_OF_MEMORY, "%s: out of memory", caller);
   ctx->num_threads = num_threads <= 0 ? online_cpus() : num_threads;
   ctx->isa = isa;
   pa_kernels_build(isa, &ctx->kernels);
   ctx->thread_scratch = calloc((size_t)ctx->num_threads, sizeof *ctx->thread_scratch);
-  if (!ctx->thread_scratch || pa_pool_create(ctx->num_threads, &ctx->pool) != 0) {
+  int pool_failed =
+      !ctx->thread_scratch || (run ? pa_pool_create_on_team(ctx->num_threads, run, team, &ctx->pool)
+                                   : pa_pool_create(ctx->num_threads, &ctx->pool)) != 0;
+  if (pool_failed) {
     int wanted = ctx->num_threads; /* num_threads <= 0 asked for one per online CPU */
     free(ctx->thread_scratch);
     free(ctx);
-    return pa_fail(PA_ERR_OUT_OF_MEMORY, "pa_context_create: cannot start %d threads", wanted);
+    return pa_fail(PA_ERR_OUT_OF_MEMORY, "%s: cannot start %d threads", caller, wanted);
   }
   *out = ctx;
   return PA_OK;
+}
+
+pa_status pa_context_create(int num_threads, pa_context **out) {
+  return create_context(num_threads, NULL, NULL, "pa_context_create", out);
+}
+
+pa_status pa_context_create_with_team(int num_threads, pa_team_fn run, void *team,
+                                      pa_context **out) {
+  const char *caller = "pa_context_create_with_team";
+  if (!run) return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: run is NULL", caller);
+  if (num_threads < 1) {
+    return pa_fail(PA_ERR_INVALID_ARGUMENT, "%s: num_threads = %d must be >= 1", caller,
+                   num_threads);
+  }
+  return create_context(num_threads, run, team, caller, out);
 }
 
 void pa_context_destroy(pa_context *ctx) {

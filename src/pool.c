@@ -54,6 +54,9 @@ enum { PA_SPIN_ITERATIONS = 20000, PA_WAIT_SPINS_BEFORE_YIELD = 2000 };
 struct pa_pool {
   int num_threads;
   pthread_t *threads;
+  /* A host's team (pa_pool_create_on_team): jobs go to it, no thread here. */
+  pa_team_fn team_run;
+  void *team;
   /* The job; written by the caller before the claim counter names it. */
   pa_task_fn task;
   void *arg;
@@ -185,8 +188,42 @@ int pa_pool_create(int num_threads, pa_pool **out) {
   return 0;
 }
 
+int pa_pool_create_on_team(int num_threads, pa_team_fn run, void *team, pa_pool **out) {
+  *out = NULL;
+  if (num_threads <= 1) return 0;
+  pa_pool *pool = pa_aligned_alloc(PA_CACHE_LINE, sizeof *pool);
+  if (!pool) return -1;
+  memset(pool, 0, sizeof *pool);
+  pool->num_threads = num_threads;
+  pool->team_run = run;
+  pool->team = team;
+  *out = pool;
+  return 0;
+}
+
+/* A job on a host's team: each member claims tasks from one counter until
+ * none is left, so the job completes however many members the host runs. */
+typedef struct pa_team_job {
+  pa_task_fn task;
+  void *arg;
+  size_t num_tasks;
+  _Alignas(PA_CACHE_LINE) atomic_size_t next;
+} pa_team_job;
+
+static void team_member(void *raw, int thread) {
+  pa_team_job *job = raw;
+  for (size_t i;
+       (i = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed)) < job->num_tasks;) {
+    job->task(job->arg, i, thread);
+  }
+}
+
 void pa_pool_destroy(pa_pool *pool) {
   if (!pool) return;
+  if (pool->team_run) {
+    pa_aligned_free(pool);
+    return;
+  }
   atomic_store_explicit(&pool->stop, 1, memory_order_release);
   publish(pool);
   wake_sleepers(pool); /* a worker may be between its spin and its sleep */
@@ -203,6 +240,12 @@ void pa_pool_run(pa_pool *pool, pa_task_fn task, void *arg, size_t num_tasks) {
   /* Task indices travel in 32 bits; no plan comes near that many items. */
   if (!pool || num_tasks <= 1 || num_tasks > UINT32_MAX) {
     for (size_t i = 0; i < num_tasks; i++) task(arg, i, 0);
+    return;
+  }
+  if (pool->team_run) {
+    pa_team_job job = {.task = task, .arg = arg, .num_tasks = num_tasks};
+    atomic_init(&job.next, 0);
+    pool->team_run(pool->team, team_member, &job, pool->num_threads);
     return;
   }
   /* Every task of the previous job is done, but a worker may still be

@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 
+#include "pagedattn.h"
+
 typedef struct pa_pool pa_pool;
 
 /* Runs task(arg, index, thread) for every index < num_tasks; thread is in
@@ -15,6 +17,9 @@ typedef void (*pa_task_fn)(void *arg, size_t index, int thread);
 
 /* 0 on success; *pool is NULL for a single thread. */
 int pa_pool_create(int num_threads, pa_pool **pool);
+/* A pool that runs its jobs on a host's thread team (pa_context_create_with_team) instead of
+ * threads of its own; 0 on success, *pool NULL for a single thread. */
+int pa_pool_create_on_team(int num_threads, pa_team_fn run, void *team, pa_pool **pool);
 void pa_pool_destroy(pa_pool *pool);
 void pa_pool_run(pa_pool *pool, pa_task_fn task, void *arg, size_t num_tasks);
 

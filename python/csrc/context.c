@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* A forked child has none of its parent's pool threads: a context made
@@ -53,34 +54,51 @@ static int default_threads(int *threads) {
   return 0;
 }
 
+static int thread_count_arg(PyObject *count, int *threads) {
+  if (!PyLong_Check(count) || PyBool_Check(count)) {
+    PyErr_Format(PyExc_TypeError, "num_threads must be an int or None, not %.100s",
+                 Py_TYPE(count)->tp_name);
+    return -1;
+  }
+  long value = PyLong_AsLong(count);
+  if (value == -1 && PyErr_Occurred()) return -1;
+  if (value < 1 || value > INT_MAX) {
+    pyx_invalid(
+        "num_threads = %ld must be >= 1 (None: PA_NUM_THREADS, else the CPUs this "
+        "process may run on, or the OpenMP team's size)",
+        value);
+    return -1;
+  }
+  *threads = (int)value;
+  return 0;
+}
+
 static int context_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   pyx_context *c = (pyx_context *)self;
-  static char *keywords[] = {"num_threads", NULL};
+  static char *keywords[] = {"num_threads", "threads", NULL};
   PyObject *count = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:Context", keywords, &count)) return -1;
+  const char *kind = "own";
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O$s:Context", keywords, &count, &kind)) {
+    return -1;
+  }
   if (c->ctx) {
     PyErr_SetString(PyExc_RuntimeError, "Context is already initialised");
     return -1;
   }
-  int threads;
-  if (count == Py_None) {
-    if (default_threads(&threads) < 0) return -1;
-  } else {
-    if (!PyLong_Check(count) || PyBool_Check(count)) {
-      PyErr_Format(PyExc_TypeError, "num_threads must be an int or None, not %.100s",
-                   Py_TYPE(count)->tp_name);
-      return -1;
-    }
-    long value = PyLong_AsLong(count);
-    if (value == -1 && PyErr_Occurred()) return -1;
-    if (value < 1 || value > INT_MAX) {
-      pyx_invalid(
-          "num_threads = %ld must be >= 1 (None: PA_NUM_THREADS, else the CPUs this "
-          "process may run on)",
-          value);
-      return -1;
-    }
-    threads = (int)value;
+  pa_team_fn run = NULL;
+  int threads, team_threads = 0;
+  if (strcmp(kind, "openmp") == 0) {
+    if (pyx_openmp_team(&run, &team_threads) < 0) return -1;
+  } else if (strcmp(kind, "own") != 0) {
+    pyx_invalid("threads = '%s' is not 'own' or 'openmp'", kind);
+    return -1;
+  }
+  if (count != Py_None) {
+    if (thread_count_arg(count, &threads) < 0) return -1;
+  } else if (run) {
+    threads = team_threads > 0 ? team_threads : 1;
+  } else if (default_threads(&threads) < 0) {
+    return -1;
   }
   if (!(c->lock = PyThread_allocate_lock())) {
     PyErr_NoMemory();
@@ -88,7 +106,8 @@ static int context_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   }
   pa_context *ctx = NULL;
   pa_status status;
-  Py_BEGIN_ALLOW_THREADS status = pa_context_create(threads, &ctx);
+  Py_BEGIN_ALLOW_THREADS status = run ? pa_context_create_with_team(threads, run, NULL, &ctx)
+                                      : pa_context_create(threads, &ctx);
   Py_END_ALLOW_THREADS if (status != PA_OK) {
     char message[PYX_MESSAGE_SIZE];
     pyx_copy_error(message, sizeof message);
@@ -97,6 +116,7 @@ static int context_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   }
   c->ctx = ctx;
   c->generation = fork_generation;
+  c->openmp = run != NULL;
   return 0;
 }
 
@@ -136,6 +156,12 @@ static PyObject *context_isa(PyObject *self, void *closure) {
   (void)closure;
   pyx_context *c = (pyx_context *)self;
   return context_ready(c) ? PyUnicode_FromString(pa_context_isa(c->ctx)) : NULL;
+}
+
+static PyObject *context_threads(PyObject *self, void *closure) {
+  (void)closure;
+  pyx_context *c = (pyx_context *)self;
+  return context_ready(c) ? PyUnicode_FromString(c->openmp ? "openmp" : "own") : NULL;
 }
 
 static PyObject *context_kernel_path(PyObject *self, void *closure) {
@@ -181,6 +207,7 @@ static PyObject *context_repr(PyObject *self) {
 static PyGetSetDef context_getset[] = {
     {"num_threads", context_num_threads, NULL, "Threads of the pool, the caller's included.", NULL},
     {"isa", context_isa, NULL, "Kernel family in use: 'avx512', 'avx2' or 'scalar'.", NULL},
+    {"threads", context_threads, NULL, "'own' (a pool of its own) or 'openmp'.", NULL},
     {"kernel_path", context_kernel_path, NULL,
      "The path within the family, as PA_ISA names it: 'scalar', 'avx2', 'avx512',\n"
      "'avx512bf16' or 'amx'.",

@@ -82,12 +82,16 @@ typedef struct pyx_context {
   PyObject_HEAD pa_context *ctx;
   PyThread_type_lock lock;  /* a context serves one caller thread at a time */
   unsigned long generation; /* of the process that made it (see context.c) */
+  int openmp;               /* runs on the OpenMP team (threads='openmp') */
   int timing;               /* Context.timing: add each library call's time to library_ns */
   unsigned long long library_ns;
 } pyx_context;
 
 extern PyTypeObject pyx_context_type;
 int pyx_context_init_module(void);
+/* The process's OpenMP team as a pa_team_fn, and its default size; -1 with
+ * pagedattn.Error set when no OpenMP runtime is loaded (team.c). */
+int pyx_openmp_team(pa_team_fn *run, int *max_threads);
 /* `obj` as a Context (TypeError otherwise). */
 pyx_context *pyx_context_arg(PyObject *obj);
 

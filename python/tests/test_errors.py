@@ -481,3 +481,8 @@ def test_context_reports_its_kernels(monkeypatch):
     monkeypatch.setenv("PA_ISA", "avx512")
     capped = pagedattn.Context(1)
     assert paths.index(capped.kernel_path) <= paths.index("avx512")
+
+
+def test_context_threads_argument():
+    with pytest.raises(pagedattn.Error, match=r"threads = 'gpu' is not 'own' or 'openmp'"):
+        pagedattn.Context(threads="gpu")

@@ -134,3 +134,14 @@ def test_steady_forward_allocates_no_tensor():
     assert not [
         e.name for e in events if "empty" in e.name or "zeros" in e.name or "copy" in e.name
     ]
+
+
+def test_openmp_team_context_gives_the_own_pool_bytes():
+    """threads='openmp' runs the work on torch's OpenMP team: the same bytes as a pool."""
+    team = pagedattn.Context(threads="openmp")
+    assert team.threads == "openmp" and team.num_threads >= 1
+    own = pagedattn.Context(team.num_threads)
+    assert own.threads == "own"
+    a, b = workload(5, team)(), workload(5, own)()
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x.view(torch.int16), y.view(torch.int16))

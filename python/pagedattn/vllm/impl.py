@@ -9,27 +9,44 @@ from vllm.logger import init_logger
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
 from .. import __version__, _ext
-from ..functions import ATTN_TYPES, default_context
+from ..functions import ATTN_TYPES, Context, Error, default_context
 from ..metadata import step_key
 from .backend import KV_CACHE_DTYPES, PagedAttnMetadata
 
 # Under "vllm." so that vLLM's handler prints it.
 logger = init_logger("vllm.pagedattn")
 _announced = False
+_context: Context | None = None
 
 # kv_cache_dtype string -> the extension's code (-1: the cache tensor's own dtype).
 _CACHE_CODES = {"fp8": 3, "fp8_e4m3": 3, "fp8_e5m2": 4}
 
 
-def _announce(ctx: Any) -> None:
+def worker_context() -> Context:
+    """The context of this worker's layers: on torch's OpenMP team, which vLLM binds to the
+    worker's cores and on which the rest of the model runs (a pool of its own would spin
+    against that team on the same cores); a pool of its own where no OpenMP runtime is loaded.
+    """
+    global _context
+    if _context is None:
+        try:
+            _context = Context(threads="openmp")
+        except Error as error:
+            logger.warning("pagedattn: %s; running on a thread pool of its own", error)
+            _context = default_context()
+    return _context
+
+
+def _announce(ctx: Context) -> None:
     global _announced
     if not _announced:
         _announced = True
         logger.info(
-            "pagedattn: the PAGEDATTN backend %s serves CPU_ATTN (%d threads, isa %s)",
+            "pagedattn: the PAGEDATTN backend %s serves CPU_ATTN (%d threads on %s, kernels %s)",
             __version__,
             ctx.num_threads,
-            ctx.isa,
+            "the OpenMP team" if ctx.threads == "openmp" else "its own pool",
+            ctx.kernel_path,
         )
 
 
@@ -71,7 +88,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
-        self.ctx = default_context()
+        self.ctx = worker_context()
         self._cache_code = _CACHE_CODES.get(kv_cache_dtype, -1)
         self._alibi_slopes = alibi_slopes
         self._sinks = sinks
