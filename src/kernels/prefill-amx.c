@@ -5,11 +5,11 @@
  * rows of 64 bytes: two row blocks by two column blocks of C, and the A and
  * B tiles they share, fill the eight tile registers.
  *
- * The tiles take 16 rows and 32-element steps whole. Rows past the last
- * multiple of 16, and head sizes that are not a multiple of 32, go to the
- * AVX512-BF16 kernels on the same layouts. The tile configuration is loaded
- * at every call and released at its end: the thread's other code (a GEMM
- * library) may use the tiles with its own. */
+ * The tiles take 32-element steps whole: head sizes that are not a
+ * multiple of 32 go to the AVX512-BF16 kernels on the same layouts. The
+ * last rows of a call take tiles of fewer rows (a second configuration).
+ * The tile configuration is loaded at every call and released at its end:
+ * the thread's other code (a GEMM library) may use the tiles with its own. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -19,15 +19,16 @@
 enum { PA_TILE_ROWS = 16, PA_TILE_STEP = 32 /* bf16 elements per tile row */ };
 
 /* The 64-byte tile configuration (palette 1): byte 0 the palette, bytes
- * 16 + 2t the bytes per row of tile t, byte 48 + t its rows. */
-static void load_tile_config(void) {
+ * 16 + 2t the bytes per row of tile t, byte 48 + t its rows. The C and A
+ * tiles (0-5) take `rows` rows (16, or a call's last rows), the B tiles 16. */
+static void load_tile_config(int rows) {
   uint8_t config[64];
   memset(config, 0, sizeof config);
   config[0] = 1;
   for (int t = 0; t < 8; t++) {
     uint16_t bytes = 64;
     memcpy(config + 16 + 2 * t, &bytes, sizeof bytes);
-    config[48 + t] = PA_TILE_ROWS;
+    config[48 + t] = (uint8_t)(t < 6 ? rows : PA_TILE_ROWS);
   }
   _tile_loadconfig(config);
 }
@@ -92,32 +93,28 @@ static void qk_packed_amx(size_t m, size_t n, size_t d, const void *q_rows, size
                           const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch) {
   const uint16_t *q = q_rows;
   const uint32_t *kt = k_packed;
-  size_t tiled = d % PA_TILE_STEP ? 0 : m / PA_TILE_ROWS * PA_TILE_ROWS;
-  size_t keys = (n + 15) / 16 * 16;
-  if (tiled) {
-    load_tile_config();
-    size_t i = 0;
-    for (; i + 2 * PA_TILE_ROWS <= tiled; i += 2 * PA_TILE_ROWS) {
-      prefetch_rows(prefetch, i, 2 * PA_TILE_ROWS, m);
-      size_t j = 0;
-      for (; j + 32 <= keys; j += 32)
-        qk_block_2x2(d, q + i * ldq, ldq, kt + j, s + i * lds + j, lds);
-      for (; j < keys; j += 16) {
-        for (size_t r = i; r < i + 2 * PA_TILE_ROWS; r += PA_TILE_ROWS)
-          qk_block_1x1(d, q + r * ldq, ldq, kt + j, s + r * lds + j, lds);
-      }
-    }
-    for (; i < tiled; i += PA_TILE_ROWS) {
-      prefetch_rows(prefetch, i, PA_TILE_ROWS, m);
-      for (size_t j = 0; j < keys; j += 16)
-        qk_block_1x1(d, q + i * ldq, ldq, kt + j, s + i * lds + j, lds);
-    }
-    _tile_release();
+  if (d % PA_TILE_STEP) {
+    pa_qk_packed_bf16_avx512bf16(m, n, d, q_rows, ldq, k_packed, s, lds, prefetch);
+    return;
   }
-  if (tiled < m) {
-    pa_qk_packed_bf16_avx512bf16(m - tiled, n, d, q + tiled * ldq, ldq, k_packed, s + tiled * lds,
-                                 lds, prefetch);
+  size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS, keys = (n + 15) / 16 * 16, i = 0;
+  load_tile_config(PA_TILE_ROWS);
+  for (; i + 2 * PA_TILE_ROWS <= whole; i += 2 * PA_TILE_ROWS) {
+    prefetch_rows(prefetch, i, 2 * PA_TILE_ROWS, m);
+    size_t j = 0;
+    for (; j + 32 <= keys; j += 32) qk_block_2x2(d, q + i * ldq, ldq, kt + j, s + i * lds + j, lds);
+    for (; j < keys; j += 16) {
+      for (size_t r = i; r < i + 2 * PA_TILE_ROWS; r += PA_TILE_ROWS)
+        qk_block_1x1(d, q + r * ldq, ldq, kt + j, s + r * lds + j, lds);
+    }
   }
+  for (; i < m; i += PA_TILE_ROWS) {
+    if (i == whole) load_tile_config((int)(m - whole)); /* the last rows */
+    prefetch_rows(prefetch, i, PA_MIN(m - i, (size_t)PA_TILE_ROWS), m);
+    for (size_t j = 0; j < keys; j += 16)
+      qk_block_1x1(d, q + i * ldq, ldq, kt + j, s + i * lds + j, lds);
+  }
+  _tile_release();
 }
 
 /* O rows [0, PA_TILE_ROWS) times their rescale factors (a zero factor
@@ -178,32 +175,32 @@ static void pv_packed_amx(size_t m, size_t n, size_t d, const float *p, size_t l
                           const void *v_packed, float *o, size_t ldo, const float *rescale,
                           pa_prefetch *prefetch) {
   const uint32_t *v = v_packed;
+  if (d % PA_TILE_STEP) {
+    pa_pv_packed_bf16_avx512bf16(m, n, d, p, ldp, v_packed, o, ldo, rescale, prefetch);
+    return;
+  }
   size_t ldv = (d + 15) / 16 * 16, keys = (n + PA_TILE_STEP - 1) / PA_TILE_STEP * PA_TILE_STEP;
-  size_t tiled = d % PA_TILE_STEP ? 0 : m / PA_TILE_ROWS * PA_TILE_ROWS;
-  if (tiled) {
-    uint32_t pairs[2 * PA_TILE_ROWS][PA_PAIR_KEYS / 2];
-    load_tile_config();
-    for (size_t i = 0; i < tiled; i += 2 * PA_TILE_ROWS) {
-      int two = i + 2 * PA_TILE_ROWS <= tiled;
-      size_t rows = two ? 2 * PA_TILE_ROWS : PA_TILE_ROWS;
-      prefetch_rows(prefetch, i, rows, m);
-      pack_pairs((int)rows, n, p + i * ldp, ldp, pairs); /* zeros past n, to a multiple of 32 */
-      rescale_rows(o + i * ldo, ldo, d, pa_rescale_from(rescale, i), rows);
-      for (size_t c = 0; c < d; c += 32) {
-        if (two) {
-          pv_block_2x2(keys, pairs, v + c, ldv, o + i * ldo + c, ldo);
-        } else {
-          pv_block_1x1(keys, pairs, v + c, ldv, o + i * ldo + c, ldo);
-          pv_block_1x1(keys, pairs, v + c + 16, ldv, o + i * ldo + c + 16, ldo);
-        }
+  size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS;
+  uint32_t pairs[2 * PA_TILE_ROWS][PA_PAIR_KEYS / 2];
+  load_tile_config(PA_TILE_ROWS);
+  for (size_t i = 0; i < m;) {
+    int two = i + 2 * PA_TILE_ROWS <= whole;
+    size_t rows = two ? 2 * PA_TILE_ROWS : PA_MIN(m - i, (size_t)PA_TILE_ROWS);
+    if (i == whole && rows < PA_TILE_ROWS) load_tile_config((int)rows); /* the last rows */
+    prefetch_rows(prefetch, i, rows, m);
+    pack_pairs((int)rows, n, p + i * ldp, ldp, pairs); /* zeros past n, to a multiple of 32 */
+    rescale_rows(o + i * ldo, ldo, d, pa_rescale_from(rescale, i), rows);
+    for (size_t c = 0; c < d; c += 32) {
+      if (two) {
+        pv_block_2x2(keys, pairs, v + c, ldv, o + i * ldo + c, ldo);
+      } else {
+        pv_block_1x1(keys, pairs, v + c, ldv, o + i * ldo + c, ldo);
+        pv_block_1x1(keys, pairs, v + c + 16, ldv, o + i * ldo + c + 16, ldo);
       }
     }
-    _tile_release();
+    i += rows;
   }
-  if (tiled < m) {
-    pa_pv_packed_bf16_avx512bf16(m - tiled, n, d, p + tiled * ldp, ldp, v_packed, o + tiled * ldo,
-                                 ldo, pa_rescale_from(rescale, tiled), prefetch);
-  }
+  _tile_release();
 }
 
 /* V pairs as prefill-avx512bf16.c packs them, with zero pairs after the
