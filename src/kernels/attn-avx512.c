@@ -242,14 +242,19 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
       }
       __m512 scale = _mm512_set1_ps(plain ? c : 1.0f),
              minus = _mm512_permutexvar_ps(_mm512_set1_epi32((int)r), minus_after);
+      /* The row's sum in a register: lanes[r], indexed at run time, lives
+       * in memory, and adding into it there chains every step through a
+       * store and a reload. */
+      __m512 total = _mm512_setzero_ps();
       for (size_t j = 0; j < t->n; j += 16) {
         __mmask16 in_tile = pa512_tail_mask(t->n - j);
         __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_tile, row + j), scale, minus);
         __m512 weight =
             _mm512_maskz_mov_ps(in_tile, t->bf16_weights ? pa512_exp2_bf16(x) : pa512_exp2(x));
         _mm512_mask_storeu_ps(row + j, in_tile, weight);
-        lanes[r] = _mm512_add_ps(lanes[r], weight);
+        total = _mm512_add_ps(total, weight);
       }
+      lanes[r] = total;
     }
     sum = _mm512_add_ps(sum, pa512_reduce16(lanes));
     _mm512_mask_storeu_ps(t->row_sum + i0, m, sum);

@@ -135,11 +135,12 @@ PA_INLINE __m128i pa256_to_bf16(__m256 x) {
 }
 
 /* 2^x: as the AVX-512 version, with 2^n built in the exponent field.
- * Arguments below -126 give 0, so 2^-inf = 0; 2^NaN is NaN (the clamps
- * take x as their second operand, which vmaxps/vminps return for a NaN). */
+ * Arguments below -125 give 0 (so 2^-inf = 0), by a mask, not by products
+ * that underflow (an assist each); 2^NaN is NaN (the clamps take x as
+ * their second operand, which vmaxps/vminps return for a NaN). */
 PA_INLINE __m256 pa256_exp2(__m256 x) {
-  __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
-  x = _mm256_max_ps(_mm256_set1_ps(-126.0f), x);
+  __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_LT_OQ);
+  x = _mm256_max_ps(_mm256_set1_ps(-125.0f), x);
   x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
   __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 f = _mm256_sub_ps(x, n);

@@ -80,17 +80,21 @@ PA_INLINE __m256i pa512_to_bf16(__m512 x) {
 
 /* 2^x = 2^n * p(f), x = n + f with |f| <= 1/2 and p the polynomial with
  * the `count` coefficients `c`, highest degree first; vscalefps does the
- * 2^n (it overflows to inf and underflows to 0 cleanly). Below -200 the
- * result is 0, so 2^-inf = 0; 2^NaN is NaN, as exp2f gives (vmaxps returns
- * its second operand when either is NaN), so that a NaN score is not
- * weighed as a zero. */
+ * 2^n. Below -125 the result is 0 (so 2^-inf = 0), set by a mask rather
+ * than left to vscalefps: results that underflow to denormals or to zero
+ * take a microcode assist each, and the masked keys of every causal tile
+ * are such results. 2^NaN is NaN, as exp2f gives (the mask keeps unordered
+ * lanes, and vmaxps returns its second operand when either is NaN), so that
+ * a NaN score is not weighed as a zero. */
 PA_INLINE __m512 pa512_exp2_poly(__m512 x, const float *c, int count) {
-  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
+  const __m512 lowest = _mm512_set1_ps(-125.0f);
+  __mmask16 keep = _mm512_cmp_ps_mask(x, lowest, _CMP_NLT_UQ);
+  x = _mm512_max_ps(lowest, x);
   __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(x, n);
   __m512 p = _mm512_set1_ps(c[0]);
   for (int i = 1; i < count; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
 /* 2^x to 2.4e-7 relative (degree-5 minimax polynomial). */
