@@ -138,6 +138,34 @@ PA_INLINE void pv_block(const int rows, const int chunks, size_t n, size_t c0, s
   }
 }
 
+/* One group of `rows` rows (1-4) over every column of O: 32-column chunks
+ * in blocks of up to `width` chunks, a block sized to the columns left so
+ * that no chunk is all padding (head size 64: two chunks, not four of which
+ * two load and multiply nothing). */
+PA_INLINE void pv_group(const int rows, const int width, size_t j0, size_t count, size_t n,
+                        size_t m, size_t i, size_t d, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
+                        const void *const *v, float *o, size_t ldo, const float *scales,
+                        pa_prefetch *prefetch) {
+  for (size_t c0 = 0; c0 < d; c0 += 32 * (size_t)width) {
+    size_t left = (d - c0 + 31) / 32;
+    pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + (size_t)rows * c0),
+                     count * (size_t)rows * PA_MIN(d - c0, 32 * (size_t)width), n * m * d, count);
+    const float *r = pa_rescale_from(scales, i);
+    if (left >= (size_t)width) {
+      pv_block(rows, width, count, c0, d, pairs, v, o + i * ldo, ldo, r, prefetch);
+    } else if (left == 3) {
+      pv_block(rows, 3, count, c0, d, pairs, v, o + i * ldo, ldo, r, prefetch);
+    } else if (left == 2) {
+      pv_block(rows, 2, count, c0, d, pairs, v, o + i * ldo, ldo, r, prefetch);
+    } else {
+      pv_block(rows, 1, count, c0, d, pairs, v, o + i * ldo, ldo, r, prefetch);
+    }
+  }
+}
+
+/* Rows in groups of 4, then one of 3, 2 or 1, so that each V row is read
+ * once per group: 4 or 3 rows take 2-chunk blocks (16 or 12
+ * accumulators), 2 or 1 rows 4-chunk blocks. */
 static void pv_bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                     const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                     pa_prefetch *prefetch) {
@@ -148,33 +176,19 @@ static void pv_bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
     const void *const *v = v_rows + j0;
     /* Only the first chunk applies the correction: later ones find O rescaled. */
     const float *scales = j0 == 0 ? rescale : NULL;
-    size_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      pack_pairs(4, count, p + i * ldp + j0, ldp, pairs);
-      for (size_t c0 = 0; c0 < d; c0 += 64) {
-        pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 4 * c0),
-                         count * 4 * PA_MIN(d - c0, 64), n * m * d, count);
-        pv_block(4, 2, count, c0, d, pairs, v, o + i * ldo, ldo, pa_rescale_from(scales, i),
-                 prefetch);
+    for (size_t i = 0; i < m;) {
+      size_t rows = PA_MIN(m - i, (size_t)4);
+      pack_pairs((int)rows, count, p + i * ldp + j0, ldp, pairs);
+      if (rows == 4) {
+        pv_group(4, 2, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
+      } else if (rows == 3) {
+        pv_group(3, 2, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
+      } else if (rows == 2) {
+        pv_group(2, 4, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
+      } else {
+        pv_group(1, 4, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
       }
-    }
-    for (; i + 2 <= m; i += 2) {
-      pack_pairs(2, count, p + i * ldp + j0, ldp, pairs);
-      for (size_t c0 = 0; c0 < d; c0 += 128) {
-        pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 2 * c0),
-                         count * 2 * PA_MIN(d - c0, 128), n * m * d, count);
-        pv_block(2, 4, count, c0, d, pairs, v, o + i * ldo, ldo, pa_rescale_from(scales, i),
-                 prefetch);
-      }
-    }
-    for (; i < m; i++) {
-      pack_pairs(1, count, p + i * ldp + j0, ldp, pairs);
-      for (size_t c0 = 0; c0 < d; c0 += 128) {
-        pa_prefetch_span(prefetch, j0 * m * d + count * (i * d + 1 * c0),
-                         count * 1 * PA_MIN(d - c0, 128), n * m * d, count);
-        pv_block(1, 4, count, c0, d, pairs, v, o + i * ldo, ldo, pa_rescale_from(scales, i),
-                 prefetch);
-      }
+      i += rows;
     }
   }
 }
