@@ -83,8 +83,13 @@ static tile_state tile_state_new(const pa_kernels *k, const kernel_case *c) {
   st.v_rows = pab_xcalloc(KV_HEADS * st.n, sizeof(void *));
   pab_rng rng = {42};
   for (size_t i = 0; i < rows * st.ldq; i++) q_f32[i] = (float)(pab_rng_next(&rng) % 100) / 50 - 1;
-  for (size_t r = 0; r < rows; r++)
-    st.ops->load_q(st.q + r * st.ldq * st.ops->q_size, q_f32 + r * st.ldq, st.d, 0.1f);
+  /* Q as the activation dtype holds it, then loaded as the kernels take it. */
+  char *q_act = pab_xcalloc(st.ldq, pa_dtype_size(c->act));
+  for (size_t r = 0; r < rows; r++) {
+    k->store_row[c->act](q_act, q_f32 + r * st.ldq, st.d, 1.0f);
+    st.ops->load_q(st.q + r * st.ldq * st.ops->q_size, q_act, st.d, 0.1f);
+  }
+  free(q_act);
   free(q_f32);
   return st;
 }
@@ -121,7 +126,7 @@ static void run_tile(const tile_state *st, pa_prefetch *ahead, size_t budget, ph
                           .row_max = st->row_max,
                           .row_sum = st->row_sum,
                           .rescale = st->rescale,
-                          .bf16_weights = ops->q_size == 2};
+                          .bf16_weights = ops->p_bf16};
   st->k->softmax(&tile, st->s, LDS);
   double t2 = pab_now();
   for (size_t h = 0; h < KV_HEADS; h++) {
@@ -150,7 +155,10 @@ static phase_times time_tile(const pa_kernels *k, const kernel_case *c, prefetch
   char *kv = pab_big_alloc(2 * tile_bytes);
   if (!kv) pab_die("out of memory for the tile");
   pab_rng rng = {43};
-  for (size_t i = 0; i < 2 * tile_bytes; i++) kv[i] = (char)(pab_rng_next(&rng) & 0x3b);
+  /* Bytes 0x30-0x3b: small normal values of every cache dtype. Denormals
+   * (which K and V of a model do not hold) would cost the FMA kernels a
+   * microcode assist per product and time that instead. */
+  for (size_t i = 0; i < 2 * tile_bytes; i++) kv[i] = (char)(0x30 | (pab_rng_next(&rng) & 0x0b));
   for (size_t j = 0; j < KV_HEADS * c->keys; j++) {
     st.k_rows[j] = kv + j * row_bytes;
     st.v_rows[j] = kv + tile_bytes + j * row_bytes;
@@ -272,7 +280,11 @@ int main(int argc, char **argv) {
   if (isa_name && (!pa_isa_parse(isa_name, &isa) || isa > pa_isa_detect()))
     pab_die("--isa %s: not a family this machine runs (scalar, avx2, avx512)", isa_name);
   pa_kernels k;
-  pa_kernels_build(isa, &k);
+  const char *force = getenv("PA_BF16_DOT"); /* on / off, as for a context */
+  int bf16_dot = force && !strcmp(force, "on")    ? 1
+                 : force && !strcmp(force, "off") ? 0
+                                                  : pa_bf16_dot_is_fast();
+  pa_kernels_build(isa, bf16_dot, &k);
 
   pab_machine mach;
   pab_machine_probe(&mach);
@@ -291,8 +303,11 @@ int main(int argc, char **argv) {
   memset(cached.base, 1, cached.bytes);
   memset(far.base, 1, far.bytes);
 
-  printf("# pagedattn-kernel-bench isa=%s cpu=%s read_gbs=%.2f (1 thread)\n", k.isa, mach.cpu,
-         read_gbs);
+  printf("# pagedattn-kernel-bench isa=%s%s cpu=%s read_gbs=%.2f (1 thread)\n", pa_isa_name(isa),
+         k.bf16_dot                 ? ""
+         : isa >= PA_ISA_AVX512BF16 ? " (bf16 on FMA)"
+                                    : "",
+         mach.cpu, read_gbs);
   printf(
       "# ns per key and KV head, %d KV heads x %d query rows each; memory = the K and V bytes "
       "of a key and KV head at read_gbs\n",

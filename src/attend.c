@@ -229,7 +229,7 @@ static void softmax_rows(const pa_attention_call *c, const pa_item_scratch *s, i
       .row_max = s->row_max + r0,
       .row_sum = s->row_sum + r0,
       .rescale = s->rescale + r0,
-      .bf16_weights = c->ops->q_size == 2, /* the bf16 dot-product kernels */
+      .bf16_weights = c->ops->p_bf16,
   };
   c->kernels->softmax(&t, s->s + r0 * tile, tile);
 }

@@ -23,6 +23,22 @@ static int online_cpus(void) {
   return n < 1 ? 1 : (n > PA_MAX_THREADS ? PA_MAX_THREADS : (int)n);
 }
 
+/* PA_BF16_DOT: "on" or "off" forces the bf16 dot products or the FMA
+ * units for bf16 caches, "auto" (or nothing) lets the measurement choose. */
+static pa_status choose_bf16_dot(int *dot, const char *caller) {
+  const char *force = getenv("PA_BF16_DOT");
+  if (!force || !*force || strcmp(force, "auto") == 0) {
+    *dot = pa_bf16_dot_is_fast();
+  } else if (strcmp(force, "on") == 0 || strcmp(force, "off") == 0) {
+    *dot = force[1] == 'n';
+  } else {
+    return pa_fail(PA_ERR_INVALID_ARGUMENT,
+                   "%s: environment variable PA_BF16_DOT = \"%s\" is not on, off or auto", caller,
+                   force);
+  }
+  return PA_OK;
+}
+
 static pa_status choose_isa(pa_isa *isa, const char *caller) {
   *isa = pa_isa_detect();
   const char *cap = getenv("PA_ISA");
@@ -46,14 +62,16 @@ static pa_status create_context(int num_threads, pa_team_fn run, void *team, con
                    PA_MAX_THREADS);
   }
   pa_isa isa;
+  int bf16_dot = 0;
   pa_status status = choose_isa(&isa, caller);
+  if (status == PA_OK) status = choose_bf16_dot(&bf16_dot, caller);
   if (status != PA_OK) return status;
 
   pa_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return pa_fail(PA_ERR_OUT_OF_MEMORY, "%s: out of memory", caller);
   ctx->num_threads = num_threads <= 0 ? online_cpus() : num_threads;
   ctx->isa = isa;
-  pa_kernels_build(isa, &ctx->kernels);
+  pa_kernels_build(isa, bf16_dot, &ctx->kernels);
   ctx->thread_scratch = calloc((size_t)ctx->num_threads, sizeof *ctx->thread_scratch);
   int pool_failed =
       !ctx->thread_scratch || (run ? pa_pool_create_on_team(ctx->num_threads, run, team, &ctx->pool)

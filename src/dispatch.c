@@ -2,6 +2,7 @@
 #define _DEFAULT_SOURCE /* syscall (the AMX permission request) */
 #include "dispatch.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #if defined(PA_HAVE_X86_KERNELS)
@@ -79,7 +80,28 @@ int pa_isa_parse(const char *name, pa_isa *isa) {
   return 0;
 }
 
-void pa_kernels_build(pa_isa isa, pa_kernels *kernels) {
+#if defined(PA_HAVE_X86_KERNELS)
+/* Dot products whose instruction costs at most this many FMAs (it does the
+ * work of two) beat widening bf16 to f32 for the FMA units. */
+#define PA_DOT_MAX_COST 1.5
+
+static int pa_dot_fast = 1;
+static pthread_once_t pa_dot_once = PTHREAD_ONCE_INIT;
+
+static void measure_dot(void) { pa_dot_fast = pa_bf16_dot_cost_avx512bf16() <= PA_DOT_MAX_COST; }
+#endif
+
+int pa_bf16_dot_is_fast(void) {
+#if defined(PA_HAVE_X86_KERNELS)
+  if (pa_isa_detect() < PA_ISA_AVX512BF16) return 0;
+  pthread_once(&pa_dot_once, measure_dot);
+  return pa_dot_fast;
+#else
+  return 0;
+#endif
+}
+
+void pa_kernels_build(pa_isa isa, int bf16_dot, pa_kernels *kernels) {
   memset(kernels, 0, sizeof *kernels);
   pa_convert_kernels_scalar(kernels);
   pa_attn_kernels_scalar(kernels);
@@ -96,8 +118,12 @@ void pa_kernels_build(pa_isa isa, pa_kernels *kernels) {
     pa_prefill_kernels_avx512(kernels);
   }
   if (isa >= PA_ISA_AVX512BF16) {
-    pa_attn_kernels_avx512bf16(kernels);
-    pa_prefill_kernels_avx512bf16(kernels);
+    /* The bf16 pair layouts serve the dot products and the tiles; with
+     * neither, bf16 caches stay on the f32 path whole. FP8 caches keep the
+     * dot products either way: decoding FP8 to bf16 is what they spend on. */
+    int pairs = bf16_dot || isa >= PA_ISA_AMX;
+    if (pairs) pa_attn_kernels_avx512bf16(kernels, bf16_dot);
+    pa_prefill_kernels_avx512bf16(kernels, pairs);
     pa_attn_fp8_kernels_avx512bf16(kernels);
   }
   if (isa >= PA_ISA_AMX) pa_prefill_kernels_amx(kernels);
@@ -123,4 +149,5 @@ void pa_kernels_build(pa_isa isa, pa_kernels *kernels) {
     }
   }
   kernels->isa = pa_isa_family_name(isa);
+  kernels->bf16_dot = isa >= PA_ISA_AVX512BF16 && bf16_dot;
 }

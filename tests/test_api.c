@@ -2,6 +2,7 @@
  * The descriptive entry points: names, sizes, shapes, head sizes, contexts
  * and status strings, as the header states them.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, strdup */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +127,32 @@ static void test_contexts(void) {
   }
 }
 
+/* A bad value of PA_ISA or PA_BF16_DOT refuses the context, naming the
+ * variable and the value; the variable's value is restored afterwards. */
+static void test_bad_environment(void) {
+  static const char *vars[] = {"PA_ISA", "PA_BF16_DOT"};
+  for (int v = 0; v < 2; v++) {
+    const char *was = getenv(vars[v]);
+    char *saved = was ? strdup(was) : NULL;
+    setenv(vars[v], "fastest", 1);
+    pa_context *ctx = NULL;
+    pa_status st = pa_context_create(1, &ctx);
+    TU_CHECK(st == PA_ERR_INVALID_ARGUMENT && !ctx, "%s=fastest: status %d", vars[v], (int)st);
+    const char *message = pa_last_error();
+    TU_CHECK(strstr(message, vars[v]) && strstr(message, "\"fastest\""), "%s=fastest: message %s",
+             vars[v], message);
+    if (ctx) pa_context_destroy(ctx);
+    if (saved) {
+      setenv(vars[v], saved, 1);
+      free(saved);
+    } else {
+      unsetenv(vars[v]);
+    }
+  }
+}
+
 int main(void) {
+  test_bad_environment();
   test_dtypes();
   test_backend();
   test_status_strings();

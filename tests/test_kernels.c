@@ -502,14 +502,14 @@ static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dty
       }
     }
     /* The scalar kernel sees P as the kernel pair's precision makes it: bf16
-     * where Q is bf16 (q_size 2), P itself where the pair splits P in two
-     * bf16 parts (as attend.c's bf16_weights assumes). */
+     * where its P V rounds P so (p_bf16), P itself where the pair splits P
+     * in two bf16 parts or multiplies on the FMA units. */
     float *p_ref = malloc(m * lds * 4);
     for (size_t i = 0; i < m; i++) {
       for (size_t j = 0; j < n; j++) {
         got[i * lds + j] = (float)tu_range(rng, 0, 1);
         p_ref[i * lds + j] =
-            k->q_size == 2 ? pa_bf16_to_f32(pa_f32_to_bf16(got[i * lds + j])) : got[i * lds + j];
+            k->p_bf16 ? pa_bf16_to_f32(pa_f32_to_bf16(got[i * lds + j])) : got[i * lds + j];
       }
       for (size_t e = 0; e < ldo; e++)
         o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
@@ -649,10 +649,15 @@ static void test_fp8_codes(const pa_kernels *k, const pa_kernels *s, tu_rng *rng
   }
 }
 
-static void test_family(pa_isa isa, const pa_kernels *scalar, tu_rng *rng) {
+static void test_family(pa_isa isa, int bf16_dot, const pa_kernels *scalar, tu_rng *rng) {
   pa_kernels k;
-  pa_kernels_build(isa, &k);
-  g_family = pa_isa_name(isa);
+  pa_kernels_build(isa, bf16_dot, &k);
+  static char name[64];
+  snprintf(name, sizeof name, "%s%s", pa_isa_name(isa),
+           isa < PA_ISA_AVX512BF16 ? ""
+           : bf16_dot              ? " (bf16 dot)"
+                                   : " (bf16 on FMA)");
+  g_family = name;
   test_conversions(&k, scalar, rng);
   test_qk_pv(&k, scalar, rng);
   test_fp8_codes(&k, scalar, rng);
@@ -676,7 +681,7 @@ int main(int argc, char **argv) {
   printf("test_kernels: seed %llu (PA_TEST_SEED=%llu reproduces a run)\n", (unsigned long long)seed,
          (unsigned long long)seed);
   pa_kernels scalar;
-  pa_kernels_build(PA_ISA_SCALAR, &scalar);
+  pa_kernels_build(PA_ISA_SCALAR, 0, &scalar);
   pa_isa best = pa_isa_detect();
   if (best == PA_ISA_SCALAR) {
     /* The scalar kernels are the specification: with no vector family
@@ -684,6 +689,11 @@ int main(int argc, char **argv) {
     printf("test_kernels: no vector family on this CPU, nothing to compare\n");
     return 0;
   }
-  for (int isa = PA_ISA_AVX2; isa <= (int)best; isa++) test_family((pa_isa)isa, &scalar, &rng);
+  /* The paths with bf16 dot products run with them and with the FMA units
+   * for bf16 caches instead: which one a context takes depends on the CPU. */
+  for (int isa = PA_ISA_AVX2; isa <= (int)best; isa++) {
+    test_family((pa_isa)isa, 1, &scalar, &rng);
+    if (isa >= PA_ISA_AVX512BF16) test_family((pa_isa)isa, 0, &scalar, &rng);
+  }
   return tu_finish("test_kernels");
 }

@@ -13,17 +13,18 @@
 
 typedef __m512 (*pa512_loader)(const void *, __mmask16);
 
-/* rows x keys = 16 dot products; q has `rows` rows, k has `keys` pointers
+/* rows x keys = 16 dot products; q has `rows` rows of Q elements that
+ * `qload` widens (f32, or bf16 as it is stored), k has `keys` pointers
  * (padded by the caller); only rows_valid x keys_valid results are stored. */
-PA_INLINE void qk_block(const int rows, const int keys, pa512_loader load, size_t elem, size_t d,
-                        const float *q, size_t ldq, const void *const *k, float *s, size_t lds,
-                        size_t keys_valid) {
+PA_INLINE void qk_block(const int rows, const int keys, pa512_loader qload, size_t q_elem,
+                        pa512_loader load, size_t elem, size_t d, const char *q, size_t ldq,
+                        const void *const *k, float *s, size_t lds, size_t keys_valid) {
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
   PA_FOR_CHUNKS(c, d, 16, "GCC unroll 16", {
     __mmask16 m = pa512_tail_mask(d - c);
     __m512 qv[4];
-    for (int r = 0; r < rows; r++) qv[r] = _mm512_maskz_loadu_ps(m, q + r * ldq + c);
+    for (int r = 0; r < rows; r++) qv[r] = qload(q + (r * ldq + c) * q_elem, m);
     for (int j = 0; j < keys; j++) {
       __m512 kv = load((const char *)k[j] + c * elem, m);
       for (int r = 0; r < rows; r++)
@@ -33,24 +34,26 @@ PA_INLINE void qk_block(const int rows, const int keys, pa512_loader load, size_
   pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
 }
 
-PA_INLINE void qk_rows(const int rows, pa512_loader load, size_t elem, size_t n, size_t d,
-                       const float *q, size_t ldq, const void *const *k_rows, float *s, size_t lds,
-                       pa_prefetch *prefetch) {
+PA_INLINE void qk_rows(const int rows, pa512_loader qload, size_t q_elem, pa512_loader load,
+                       size_t elem, size_t n, size_t d, const char *q, size_t ldq,
+                       const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
   const int keys = 16 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
     size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
     pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
-    qk_block(rows, keys, load, elem, d, q, ldq, k, s + j, lds, valid);
+    qk_block(rows, keys, qload, q_elem, load, elem, d, q, ldq, k, s + j, lds, valid);
   }
 }
 
-PA_INLINE void qk(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *q,
-                  size_t ldq, const void *const *k_rows, float *s, size_t lds,
-                  pa_prefetch *prefetch) {
-#define QK_GROUP(rows, i) \
-  qk_rows(rows, load, elem, n, width, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
+PA_INLINE void qk(pa512_loader qload, size_t q_elem, pa512_loader load, size_t elem, size_t m,
+                  size_t n, size_t d, const void *q_rows, size_t ldq, const void *const *k_rows,
+                  float *s, size_t lds, pa_prefetch *prefetch) {
+  const char *q = q_rows;
+#define QK_GROUP(rows, i)                                                               \
+  qk_rows(rows, qload, q_elem, load, elem, n, width, q + (i)*ldq * q_elem, ldq, k_rows, \
+          s + (i)*lds, lds, prefetch)
   PA_WITH_HEAD_SIZE(d, width, PA_ROW_GROUPS(prefetch, m, n, QK_GROUP));
 #undef QK_GROUP
 }
@@ -103,30 +106,55 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, siz
   }
 }
 
+/* One group of `rows` rows (1-4) over every column of O, in blocks of up to
+ * `width` 16-column chunks; a block takes no more chunks than the columns
+ * left need, rounded up to a power of two (head size 64: four chunks, not
+ * eight of which four load and multiply nothing). */
+PA_INLINE void pv_group(const int rows, const int width, pa512_loader load, size_t elem, size_t i,
+                        size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                        const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                        pa_prefetch *prefetch) {
+  for (size_t c0 = 0; c0 < d; c0 += 16 * (size_t)width) {
+    size_t left = (d - c0 + 15) / 16;
+    pa_prefetch_span(prefetch, i * d + (size_t)rows * c0,
+                     (size_t)rows * PA_MIN(d - c0, 16 * (size_t)width), m * d, n);
+    const float *r = pa_rescale_from(rescale, i);
+#define PV_BLOCK(chunks)                                                                      \
+  pv_block(rows, chunks, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo, r, \
+           prefetch)
+    if (left > 4 && width >= 8) {
+      PV_BLOCK(8);
+    } else if (left > 2) {
+      PV_BLOCK(4);
+    } else if (left > 1) {
+      PV_BLOCK(2);
+    } else {
+      PV_BLOCK(1);
+    }
+#undef PV_BLOCK
+  }
+}
+
+/* Rows in groups of 4, then one of 3, 2 or 1, so that each V row is read
+ * once per group: 4 or 3 rows take 4-chunk blocks, 2 or 1 rows 8-chunk
+ * blocks (16 accumulators at most). */
 PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
                   size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                   pa_prefetch *prefetch) {
-  size_t i = 0;
-  for (; i + 4 <= m; i += 4) {
-    for (size_t c0 = 0; c0 < d; c0 += 64) {
-      pa_prefetch_span(prefetch, i * d + 4 * c0, 4 * PA_MIN(d - c0, 64), m * d, n);
-      pv_block(4, 4, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               pa_rescale_from(rescale, i), prefetch);
+  for (size_t i = 0; i < m;) {
+    size_t rows = m - i;
+    rows = rows > 4 ? 4 : rows;
+    /* cppcheck takes rows for 0 here (it is 1 to 4: i < m) */
+    if (rows == 4) {  // cppcheck-suppress knownConditionTrueFalse
+      pv_group(4, 4, load, elem, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
+    } else if (rows == 3) {
+      pv_group(3, 4, load, elem, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
+    } else if (rows == 2) {
+      pv_group(2, 8, load, elem, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
+    } else {
+      pv_group(1, 8, load, elem, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
     }
-  }
-  for (; i + 2 <= m; i += 2) {
-    for (size_t c0 = 0; c0 < d; c0 += 128) {
-      pa_prefetch_span(prefetch, i * d + 2 * c0, 2 * PA_MIN(d - c0, 128), m * d, n);
-      pv_block(2, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               pa_rescale_from(rescale, i), prefetch);
-    }
-  }
-  for (; i < m; i++) {
-    for (size_t c0 = 0; c0 < d; c0 += 128) {
-      pa_prefetch_span(prefetch, i * d + 1 * c0, 1 * PA_MIN(d - c0, 128), m * d, n);
-      pv_block(1, 8, load, elem, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo,
-               pa_rescale_from(rescale, i), prefetch);
-    }
+    i += rows;
   }
 }
 
@@ -134,7 +162,7 @@ PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, 
   static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
                           const void *const *k_rows, float *s, size_t lds,                       \
                           pa_prefetch *prefetch) {                                               \
-    qk(loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                 \
+    qk(pa512_load_f32, 4, loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);              \
   }                                                                                              \
   static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
                           const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
@@ -147,6 +175,22 @@ PA_DEFINE_QK_PV(f16, pa512_load_f16, 2)
 PA_DEFINE_QK_PV(bf16, pa512_load_bf16, 2)
 PA_DEFINE_QK_PV(e4m3, pa512_load_e4m3, 1)
 PA_DEFINE_QK_PV(e5m2, pa512_load_e5m2, 1)
+
+/* Q K^T with Q as bf16 activations hold it (the score factor left to the
+ * softmax) over a bf16 cache, and P V over it, on the FMA units: the bf16
+ * pair's direct kernels where the CPU's bf16 dot products are slower than
+ * its FMA (see pa_bf16_dot_is_fast) but its packed ones want Q unscaled. */
+void pa_qk_bf16_bf16_avx512(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                            const void *const *k_rows, float *s, size_t lds,
+                            pa_prefetch *prefetch) {
+  qk(pa512_load_bf16, 2, pa512_load_bf16, 2, m, n, d, q, ldq, k_rows, s, lds, prefetch);
+}
+
+void pa_pv_bf16_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                       const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                       pa_prefetch *prefetch) {
+  pv_bf16(m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
+}
 
 /* Base-2 logits of row i's visible columns written over the row (-inf
  * elsewhere in the tile); returns their lane-wise maximum. */

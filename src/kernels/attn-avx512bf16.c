@@ -177,9 +177,11 @@ static void pv_bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
     /* Only the first chunk applies the correction: later ones find O rescaled. */
     const float *scales = j0 == 0 ? rescale : NULL;
     for (size_t i = 0; i < m;) {
-      size_t rows = PA_MIN(m - i, (size_t)4);
+      size_t rows = m - i;
+      rows = rows > 4 ? 4 : rows;
+      /* cppcheck takes rows for 0 here (it is 1 to 4: i < m) */
       pack_pairs((int)rows, count, p + i * ldp + j0, ldp, pairs);
-      if (rows == 4) {
+      if (rows == 4) {  // cppcheck-suppress knownConditionTrueFalse
         pv_group(4, 2, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
       } else if (rows == 3) {
         pv_group(3, 2, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
@@ -193,11 +195,15 @@ static void pv_bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
   }
 }
 
-void pa_attn_kernels_avx512bf16(pa_kernels *k) {
+/* The bf16 pair's direct kernels, on the dot products or (`dot` 0) on the
+ * FMA units, both with Q as it is stored: the packed kernels of the pair
+ * (these dot products' or AMX's) share that Q. */
+void pa_attn_kernels_avx512bf16(pa_kernels *k, int dot) {
   pa_attn_ops *ops = &k->attn[PA_BF16][PA_BF16];
   ops->load_q = pa_load_q_bf16;
   ops->q_size = 2;
   ops->scale_scores = 1;
-  ops->qk = qk_bf16;
-  ops->pv = pv_bf16;
+  ops->p_bf16 = dot;
+  ops->qk = dot ? qk_bf16 : pa_qk_bf16_bf16_avx512;
+  ops->pv = dot ? pv_bf16 : pa_pv_bf16_avx512;
 }

@@ -364,6 +364,7 @@ void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
     ops->load_q_packed = pa_load_q_bf16; /* the packed kernels want Q as it is */
     ops->q_size = 2;
     ops->scale_scores = 1;
+    ops->p_bf16 = 1;
     ops->qk = qk_fns[i];
     ops->pv = pv_fns[i];
     ops = &k->attn[PA_F16][caches[i]];

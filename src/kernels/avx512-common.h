@@ -7,6 +7,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 #define PA_INLINE static inline __attribute__((always_inline))
 
 PA_INLINE __mmask16 pa512_tail_mask(size_t count) {
@@ -185,5 +187,14 @@ PA_INLINE void pa512_transpose16(__m512 r[16]) {
     r[c + 12] = _mm512_shuffle_f32x4(a1, b1, 0xdd);
   }
 }
+
+/* The bf16 pair's FMA direct kernels of attn-avx512.c (Q as bf16 is
+ * stored, the score factor left to the softmax), which the AVX512-BF16
+ * registration takes where the dot products are slow. */
+void pa_qk_bf16_bf16_avx512(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                            const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch);
+void pa_pv_bf16_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                       const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                       pa_prefetch *prefetch);
 
 #endif

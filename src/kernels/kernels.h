@@ -126,6 +126,7 @@ typedef struct pa_attn_ops {
   pa_load_row_fn load_q_packed; /* for qk_packed */
   size_t q_size;
   int scale_scores;
+  int p_bf16;  /* P V takes P rounded to bf16 (the softmax's weights need no more) */
   pa_qk_fn qk; /* direct: few rows (decode) */
   pa_pv_fn pv;
   pa_pack_fn pack_k; /* packed: many rows (prefill) */
@@ -141,6 +142,7 @@ typedef struct pa_attn_ops {
 
 typedef struct pa_kernels {
   const char *isa;
+  int bf16_dot; /* bf16 caches' products on the dot products (else the FMA units) */
   pa_load_row_fn load_row[PA_NUM_ACT_DTYPES];   /* by activation dtype */
   pa_store_row_fn store_row[PA_NUM_ACT_DTYPES]; /* by activation dtype */
   pa_encode_row_fn encode_row[PA_NUM_DTYPES];   /* by cache dtype */
@@ -234,8 +236,9 @@ void pa_prefill_kernels_avx2(pa_kernels *k);
 void pa_convert_kernels_avx512(pa_kernels *k);
 void pa_attn_kernels_avx512(pa_kernels *k);
 void pa_prefill_kernels_avx512(pa_kernels *k);
-void pa_attn_kernels_avx512bf16(pa_kernels *k);
-void pa_prefill_kernels_avx512bf16(pa_kernels *k);
+void pa_attn_kernels_avx512bf16(pa_kernels *k, int dot);
+void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs);
+double pa_bf16_dot_cost_avx512bf16(void);
 void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k);
 void pa_prefill_kernels_amx(pa_kernels *k);
 #endif

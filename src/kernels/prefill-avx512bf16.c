@@ -204,8 +204,10 @@ void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, 
  * 16x4096 decode from DRAM, 1 thread, us per call direct -> packed:
  * speculative decoding of 4 tokens (16 rows) bf16 18138-18841 -> 16790-
  * 17308, FP8 E4M3 15353-15473 -> 16125-16221; of 8 (32 rows) bf16
- * 31768-32384 -> 27557-28935, E4M3 29453-30347 -> 27123-28505. */
-void pa_prefill_kernels_avx512bf16(pa_kernels *k) {
+ * 31768-32384 -> 27557-28935, E4M3 29453-30347 -> 27123-28505.
+ * Without `bf16_pairs` the bf16 cache keeps the f32 packed kernels (the
+ * FMA path, for CPUs whose dot products are slow and that have no tiles). */
+void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
   pa_bf16_tables_init();
   static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {
       [PA_BF16] = pack_k_bf16, [PA_FP8_E4M3] = pack_k_e4m3, [PA_FP8_E5M2] = pack_k_e5m2};
@@ -213,7 +215,7 @@ void pa_prefill_kernels_avx512bf16(pa_kernels *k) {
                                                    [PA_FP8_E4M3] = pa_pack_v_e4m3_avx512bf16,
                                                    [PA_FP8_E5M2] = pa_pack_v_e5m2_avx512bf16};
   for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
-    if (!pack_k[cache]) continue;
+    if (!pack_k[cache] || (cache == PA_BF16 && !bf16_pairs)) continue;
     pa_attn_ops *ops = &k->attn[PA_BF16][cache];
     ops->pack_k = pack_k[cache];
     ops->pack_v = pack_v[cache];
