@@ -111,6 +111,14 @@ def rows() -> list[Row]:
     ):
         extra.append(Row(f"decode 16x1024 {suffix}", decode(16, 1024), **options))
         extra.append(Row(f"prefill 512 {suffix}", ((512, 512),), **options))
+    # SmolLM2-135M's layers (9 query heads, 3 KV heads, head size 64), the shapes of
+    # bench/vllm_e2e.py's steps: its prompts' prefill, its serving and long decodes.
+    smol = {"heads": 9, "kv_heads": 3, "head_size": 64}
+    extra += [
+        Row("smollm2 prefill 1024", ((1024, 1024),), **smol),
+        Row("smollm2 decode 16x1152", decode(16, 1152), **smol),
+        Row("smollm2 decode 4x4096", decode(4, 4096), **smol),
+    ]
     return base + extra
 
 
