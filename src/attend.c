@@ -255,6 +255,7 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
   size_t d = (size_t)c->layer->head_size, tile = (size_t)c->plan->key_tile;
   size_t kv_count = (size_t)(item->kv_end - item->kv_begin);
   size_t m_kv = pa_item_rows(item) / kv_count, ldq = q_stride(d);
+  pa_prefetch *requests = c->ops->packed_unprefetched ? NULL : ahead;
   for (size_t kv = 0; kv < kv_count; kv++) {
     size_t r0 = kv * m_kv;
     const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
@@ -262,11 +263,11 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
     c->ops->pack_k(s->k_packed, head_rows(c, k_rows, n, kv, spare[kv & 1][0]), n, d);
     c->ops->pack_v(s->v_packed, head_rows(c, v_rows, n, kv, spare[kv & 1][1]), n, d);
     pa_prefetch_begin(ahead, budget);
-    c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile, ahead);
+    c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile, requests);
     softmax_rows(c, s, first, n, r0, m_kv, all_visible);
     pa_prefetch_begin(ahead, budget);
     c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, s->o + r0 * s->ldo, s->ldo,
-                      s->rescale + r0, ahead);
+                      s->rescale + r0, requests);
   }
 }
 

@@ -138,6 +138,9 @@ typedef struct pa_attn_ops {
    * beat the direct ones from DRAM (the family's f32 figure unless the pair
    * sets its own; docs/decode-memory.md). */
   size_t packed_min_rows;
+  /* The packed kernels are given no requests for the next tile: they
+   * compute a tile faster than issuing its requests pays back (AMX). */
+  int packed_unprefetched;
 } pa_attn_ops;
 
 typedef struct pa_kernels {

@@ -235,5 +235,8 @@ void pa_prefill_kernels_amx(pa_kernels *k) {
     ops->pack_v = pack_v[cache];
     ops->qk_packed = qk_packed_amx;
     ops->pv_packed = pv_packed_amx;
+    /* Requests for the next tile cost more issue time than they save here
+     * (docs/xeon-amx.md); the tiles' reads are in order within a block. */
+    ops->packed_unprefetched = 1;
   }
 }
