@@ -141,21 +141,11 @@ PA_INLINE void pv_group(const int rows, const int width, pa512_loader load, size
 PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, const float *p,
                   size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                   pa_prefetch *prefetch) {
-  for (size_t i = 0; i < m;) {
-    size_t rows = m - i;
-    rows = rows > 4 ? 4 : rows;
-    /* cppcheck takes rows for 0 here (it is 1 to 4: i < m) */
-    if (rows == 4) {  // cppcheck-suppress knownConditionTrueFalse
-      pv_group(4, 4, load, elem, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
-    } else if (rows == 3) {
-      pv_group(3, 4, load, elem, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
-    } else if (rows == 2) {
-      pv_group(2, 8, load, elem, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
-    } else {
-      pv_group(1, 8, load, elem, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
-    }
-    i += rows;
-  }
+#define PV_GROUP(rows, i)                                                                      \
+  pv_group(rows, (rows) >= 3 ? 4 : 8, load, elem, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, \
+           prefetch)
+  PA_ROW_GROUPS_OF_4(m, PV_GROUP);
+#undef PV_GROUP
 }
 
 #define PA_DEFINE_QK_PV(suffix, loader, elem)                                                    \

@@ -176,22 +176,14 @@ static void pv_bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
     const void *const *v = v_rows + j0;
     /* Only the first chunk applies the correction: later ones find O rescaled. */
     const float *scales = j0 == 0 ? rescale : NULL;
-    for (size_t i = 0; i < m;) {
-      size_t rows = m - i;
-      rows = rows > 4 ? 4 : rows;
-      /* cppcheck takes rows for 0 here (it is 1 to 4: i < m) */
-      pack_pairs((int)rows, count, p + i * ldp + j0, ldp, pairs);
-      if (rows == 4) {  // cppcheck-suppress knownConditionTrueFalse
-        pv_group(4, 2, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
-      } else if (rows == 3) {
-        pv_group(3, 2, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
-      } else if (rows == 2) {
-        pv_group(2, 4, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
-      } else {
-        pv_group(1, 4, j0, count, n, m, i, d, pairs, v, o, ldo, scales, prefetch);
-      }
-      i += rows;
-    }
+#define PV_GROUP(rows, i)                                                                \
+  do {                                                                                   \
+    pack_pairs(rows, count, p + (i)*ldp + j0, ldp, pairs);                               \
+    pv_group(rows, (rows) >= 3 ? 2 : 4, j0, count, n, m, i, d, pairs, v, o, ldo, scales, \
+             prefetch);                                                                  \
+  } while (0)
+    PA_ROW_GROUPS_OF_4(m, PV_GROUP);
+#undef PV_GROUP
   }
 }
 

@@ -212,6 +212,21 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
     }                                     \
   } while (0)
 
+/* Rows [0, m) in groups of 4, then one group of the 3, 2 or 1 left, so
+ * that a P V kernel reads each V row once per group. GROUP(rows, i) is a
+ * function-like macro of the kernel file that runs `rows` rows from row i. */
+#define PA_ROW_GROUPS_OF_4(m, GROUP)                            \
+  do {                                                          \
+    size_t pa_row_ = 0;                                         \
+    for (; pa_row_ + 4 <= (m); pa_row_ += 4) GROUP(4, pa_row_); \
+    switch ((m)-pa_row_) {                                      \
+      case 3: GROUP(3, pa_row_); break;                         \
+      case 2: GROUP(2, pa_row_); break;                         \
+      case 1: GROUP(1, pa_row_); break;                         \
+      default: break;                                           \
+    }                                                           \
+  } while (0)
+
 /* for (size_t var = 0; var < limit; var += step) { ... }, unrolled in full
  * (`unroll`: "GCC unroll N") where `limit` is a compile-time constant, as
  * PA_WITH_HEAD_SIZE makes it, and left rolled where it is not: unrolling a
