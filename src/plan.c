@@ -23,6 +23,11 @@ enum {
    * are placed ~250 ns apart (1 x 128 keys with 2 threads: 5.7 us per call
    * when they are close, 11.3 us when far, 8 us unsplit). */
   PA_MIN_SPLIT_WORK = 128 * 8 * 128,
+  /* keys x KV heads x head size of the smallest item made by dealing a
+   * decode's KV heads out to threads that would otherwise idle (fewer
+   * sequences than threads): a quarter of the smallest split, as the pieces
+   * need no merge. */
+  PA_MIN_HEAD_SHARE_WORK = PA_MIN_SPLIT_WORK / 4,
   PA_MAX_SPLITS = 64,
   PA_ITEMS_PER_THREAD = 4,
   PA_SPLIT_ALIGN = 16,
@@ -142,9 +147,26 @@ static pa_status push_sequence(pa_plan *plan, const pa_plan_request *r, int s, i
   return PA_OK;
 }
 
+/* KV heads per item of a decode of `keys` keys that holds at most `fit`:
+ * with fewer sequences than threads, the heads are dealt out so that every
+ * thread gets some (1 x 128 keys on 2 threads: one item of 8 KV heads left
+ * a thread idle), as long as each item keeps enough work to pay for its
+ * hand-off. */
+static int decode_kv_per_item(const pa_plan_request *r, int fit, int64_t keys, int sequences) {
+  int per_thread = PA_MAX(1, (r->num_kv_heads * sequences + r->num_threads - 1) / r->num_threads);
+  int kv_per_item = fit;
+  while (kv_per_item > per_thread &&
+         keys * ((kv_per_item + 1) / 2) * r->head_size >= PA_MIN_HEAD_SHARE_WORK) {
+    kv_per_item = (kv_per_item + 1) / 2;
+  }
+  return kv_per_item;
+}
+
 static pa_status make_items(pa_plan *plan, const pa_plan_request *r, const char *caller) {
   int group = r->num_heads / r->num_kv_heads;
   int max_rows = PA_MAX(1, PA_ROW_BUDGET / r->head_size);
+  int sequences = 0; /* with queries */
+  for (int s = 0; s < r->num_seqs; s++) sequences += plan->q_starts[s + 1] > plan->q_starts[s];
   plan->max_rows = 1;
   for (int s = 0; s < r->num_seqs; s++) {
     int q_len = plan->q_starts[s + 1] - plan->q_starts[s];
@@ -155,7 +177,8 @@ static pa_status make_items(pa_plan *plan, const pa_plan_request *r, const char 
       heads = max_rows / rows;
       if (heads >= group) { /* whole groups: as many KV heads as fit */
         heads = group;
-        kv_per_item = PA_MIN(r->num_kv_heads, max_rows / (rows * group));
+        kv_per_item = decode_kv_per_item(r, PA_MIN(r->num_kv_heads, max_rows / (rows * group)),
+                                         plan->kv_lens[s], sequences);
       }
     } else {
       heads = PA_MIN(group, max_rows);

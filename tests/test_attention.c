@@ -470,6 +470,22 @@ static void targeted_long(void) {
     c.ctx = 0;
     run_case(&c);
   }
+  /* Fewer sequences than threads: their KV heads are dealt out to the
+   * threads (8 heads in halves, 7 in 4 + 3, 3 in 2 + 1; 1 stays whole), GQA 7:1
+   * included, with and without a plan. */
+  static const int kv_heads[] = {8, 7, 3, 1}, groups[] = {4, 7, 1, 2}, q2[] = {1, 2},
+                   k2[] = {128, 300};
+  for (int i = 0; i < 4; i++) {
+    attn_case c = base_case("short decode, KV heads over threads");
+    c.num_kv_heads = kv_heads[i];
+    c.num_heads = kv_heads[i] * groups[i];
+    c.head_size = i == 1 ? 80 : 128;
+    c.block_size = i == 2 ? 7 : 16;
+    set_seqs(&c, 1 + i % 2, q2, k2);
+    c.ctx = 1 + i % 2; /* 2 and 3 threads */
+    c.plan = i / 2;
+    run_case(&c);
+  }
   /* A batch of one long decode: all threads must share one sequence. */
   static const int q1[] = {1}, k1[] = {4099};
   for (int i = 0; i < 2; i++) {
