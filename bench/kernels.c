@@ -167,7 +167,8 @@ static phase_times time_tile(const pa_kernels *k, const kernel_case *c, prefetch
   size_t range_bytes[1] = {2 * tile_bytes};
   phase_times t = {0, 0, 0}, warm_up = {0, 0, 0};
   for (int rep = -reps / 4; rep < reps; rep++) { /* negative: warm-up */
-    pa_prefetch ahead = {.start = range_start, .bytes = range_bytes, .count = 1};
+    pa_prefetch ahead = {
+        .start = range_start, .bytes = range_bytes, .count = 1, .to_l2 = k->prefetch_to_l2};
     if (target) {
       if (target->at + range_bytes[0] > target->bytes) target->at = 0;
       range_start[0] = target->base + target->at;
@@ -214,7 +215,7 @@ static phase_times time_stream(const pa_kernels *k, const kernel_case *c, size_t
       }
       range_start[0] = key + at + tile_bytes;
       range_start[1] = value + at + tile_bytes;
-      pa_prefetch ahead = {.start = range_start, .bytes = range_bytes};
+      pa_prefetch ahead = {.start = range_start, .bytes = range_bytes, .to_l2 = k->prefetch_to_l2};
       ahead.count = tile + 1 < tiles ? 2 : 0;
       run_tile(&st, &ahead, call_budget(2 * tile_bytes), &t);
     }
@@ -285,6 +286,10 @@ int main(int argc, char **argv) {
                  : force && !strcmp(force, "off") ? 0
                                                   : pa_bf16_dot_is_fast();
   pa_kernels_build(isa, bf16_dot, &k);
+  const char *level = getenv("PA_PREFETCH"); /* l1 / l2, as for a context */
+  k.prefetch_to_l2 = level && !strcmp(level, "l2")   ? 1
+                     : level && !strcmp(level, "l1") ? 0
+                                                     : pa_prefetch_to_l2_suits();
 
   pab_machine mach;
   pab_machine_probe(&mach);
@@ -303,11 +308,12 @@ int main(int argc, char **argv) {
   memset(cached.base, 1, cached.bytes);
   memset(far.base, 1, far.bytes);
 
-  printf("# pagedattn-kernel-bench isa=%s%s cpu=%s read_gbs=%.2f (1 thread)\n", pa_isa_name(isa),
+  printf("# pagedattn-kernel-bench isa=%s%s prefetch=%s cpu=%s read_gbs=%.2f (1 thread)\n",
+         pa_isa_name(isa),
          k.bf16_dot                 ? ""
          : isa >= PA_ISA_AVX512BF16 ? " (bf16 on FMA)"
                                     : "",
-         mach.cpu, read_gbs);
+         k.prefetch_to_l2 ? "l2" : "l1", mach.cpu, read_gbs);
   printf(
       "# ns per key and KV head, %d KV heads x %d query rows each; memory = the K and V bytes "
       "of a key and KV head at read_gbs\n",

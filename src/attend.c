@@ -372,7 +372,8 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   }
   for (int64_t first = lo; first < hi; first += (int64_t)tile, current ^= 1) {
     int64_t next = first + (int64_t)tile, next_n = PA_MAX(PA_MIN((int64_t)tile, hi - next), 0);
-    pa_prefetch ahead = {.start = s.range_start, .bytes = s.range_bytes};
+    pa_prefetch ahead = {
+        .start = s.range_start, .bytes = s.range_bytes, .to_l2 = c->kernels->prefetch_to_l2};
     if (next_n > 0) {
       gather_tile_rows(&c->kv, item->seq, item->kv_begin, next, next_n, k_rows[current ^ 1],
                        v_rows[current ^ 1]);

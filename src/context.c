@@ -39,6 +39,22 @@ static pa_status choose_bf16_dot(int *dot, const char *caller) {
   return PA_OK;
 }
 
+/* PA_PREFETCH: "l1" or "l2" forces where the next tile's K/V are
+ * requested, "auto" (or nothing) lets the CPU's model choose. */
+static pa_status choose_prefetch(int *to_l2, const char *caller) {
+  const char *force = getenv("PA_PREFETCH");
+  if (!force || !*force || strcmp(force, "auto") == 0) {
+    *to_l2 = pa_prefetch_to_l2_suits();
+  } else if (strcmp(force, "l1") == 0 || strcmp(force, "l2") == 0) {
+    *to_l2 = force[1] == '2';
+  } else {
+    return pa_fail(PA_ERR_INVALID_ARGUMENT,
+                   "%s: environment variable PA_PREFETCH = \"%s\" is not l1, l2 or auto", caller,
+                   force);
+  }
+  return PA_OK;
+}
+
 static pa_status choose_isa(pa_isa *isa, const char *caller) {
   *isa = pa_isa_detect();
   const char *cap = getenv("PA_ISA");
@@ -62,9 +78,10 @@ static pa_status create_context(int num_threads, pa_team_fn run, void *team, con
                    PA_MAX_THREADS);
   }
   pa_isa isa;
-  int bf16_dot = 0;
+  int bf16_dot = 0, prefetch_to_l2 = 0;
   pa_status status = choose_isa(&isa, caller);
   if (status == PA_OK) status = choose_bf16_dot(&bf16_dot, caller);
+  if (status == PA_OK) status = choose_prefetch(&prefetch_to_l2, caller);
   if (status != PA_OK) return status;
 
   pa_context *ctx = calloc(1, sizeof *ctx);
@@ -72,6 +89,7 @@ static pa_status create_context(int num_threads, pa_team_fn run, void *team, con
   ctx->num_threads = num_threads <= 0 ? online_cpus() : num_threads;
   ctx->isa = isa;
   pa_kernels_build(isa, bf16_dot, &ctx->kernels);
+  ctx->kernels.prefetch_to_l2 = prefetch_to_l2;
   ctx->thread_scratch = calloc((size_t)ctx->num_threads, sizeof *ctx->thread_scratch);
   int pool_failed =
       !ctx->thread_scratch || (run ? pa_pool_create_on_team(ctx->num_threads, run, team, &ctx->pool)

@@ -33,6 +33,18 @@ static int os_grants_amx(void) {
 #endif
 }
 
+/* AMD family 19h models of Zen 4: Raphael, Genoa, Bergamo and Siena, Phoenix. */
+static int is_zen4(void) {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return 0;
+  int amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u; /* AuthenticAMD */
+  if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+  unsigned family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
+  unsigned model = ((eax >> 4) & 0xf) | ((eax >> 12) & 0xf0);
+  return family == 0x19 && ((model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) ||
+                            (model >= 0xa0 && model <= 0xaf));
+}
+
 pa_isa pa_isa_detect(void) {
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return PA_ISA_SCALAR;
@@ -90,6 +102,14 @@ static pthread_once_t pa_dot_once = PTHREAD_ONCE_INIT;
 
 static void measure_dot(void) { pa_dot_fast = pa_bf16_dot_cost_avx512bf16() <= PA_DOT_MAX_COST; }
 #endif
+
+int pa_prefetch_to_l2_suits(void) {
+#if defined(PA_HAVE_X86_KERNELS)
+  return is_zen4();
+#else
+  return 0;
+#endif
+}
 
 int pa_bf16_dot_is_fast(void) {
 #if defined(PA_HAVE_X86_KERNELS)

@@ -130,8 +130,8 @@ static void test_contexts(void) {
 /* A bad value of PA_ISA or PA_BF16_DOT refuses the context, naming the
  * variable and the value; the variable's value is restored afterwards. */
 static void test_bad_environment(void) {
-  static const char *vars[] = {"PA_ISA", "PA_BF16_DOT"};
-  for (int v = 0; v < 2; v++) {
+  static const char *vars[] = {"PA_ISA", "PA_BF16_DOT", "PA_PREFETCH"};
+  for (int v = 0; v < 3; v++) {
     const char *was = getenv(vars[v]);
     char *saved = was ? strdup(was) : NULL;
     setenv(vars[v], "fastest", 1);

@@ -113,7 +113,8 @@ static void prefetch_probe_init(prefetch_probe *pr, tu_rng *rng) {
     pr->start[i] = pr->memory + (size_t)i * (total / 3);
     pr->bytes[i] = total / 3;
   }
-  pr->p = (pa_prefetch){.start = pr->start, .bytes = pr->bytes, .count = 3};
+  pr->p =
+      (pa_prefetch){.start = pr->start, .bytes = pr->bytes, .count = 3, .to_l2 = tu_int(rng, 0, 1)};
   size_t lines = 3 * ((total / 3 + PA_CACHE_LINE - 1) / PA_CACHE_LINE);
   pa_prefetch_begin(&pr->p, (size_t)tu_int(rng, 1, (int)lines));
 }

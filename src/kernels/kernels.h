@@ -41,6 +41,7 @@ typedef struct pa_prefetch {
   size_t issued;                  /* lines this call has issued */
   size_t span_end;                /* issued by the end of the kernel's current loop */
   uint64_t span_begin, span_rate; /* 32.32: issued after step k is begin + rate * k */
+  int to_l2;                      /* requests into L2 only (PREFETCHT1), else into L1 too */
 } pa_prefetch;
 
 /* S[i][j] = dot(Q[i], K[j]) for i < m, j < n over d elements. Q has leading
@@ -145,7 +146,8 @@ typedef struct pa_attn_ops {
 
 typedef struct pa_kernels {
   const char *isa;
-  int bf16_dot; /* bf16 caches' products on the dot products (else the FMA units) */
+  int bf16_dot;       /* bf16 caches' products on the dot products (else the FMA units) */
+  int prefetch_to_l2; /* the next tile's requests into L2 only (pa_prefetch.to_l2) */
   pa_load_row_fn load_row[PA_NUM_ACT_DTYPES];   /* by activation dtype */
   pa_store_row_fn store_row[PA_NUM_ACT_DTYPES]; /* by activation dtype */
   pa_encode_row_fn encode_row[PA_NUM_DTYPES];   /* by cache dtype */

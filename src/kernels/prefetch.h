@@ -72,7 +72,12 @@ static inline void pa_prefetch_step(pa_prefetch *p, size_t done) {
     const char *line = p->start[next] + offset;
     size_t left = (p->bytes[next] - offset + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
     size_t run = PA_MIN(left, target - issued);
-    for (size_t i = 0; i < run; i++) __builtin_prefetch(line + i * PA_CACHE_LINE, 0, 3);
+    /* The hint must be a constant, hence a loop for each. */
+    if (p->to_l2) {
+      for (size_t i = 0; i < run; i++) __builtin_prefetch(line + i * PA_CACHE_LINE, 0, 2);
+    } else {
+      for (size_t i = 0; i < run; i++) __builtin_prefetch(line + i * PA_CACHE_LINE, 0, 3);
+    }
     issued += run;
     offset += run * PA_CACHE_LINE;
     if (offset >= p->bytes[next]) {
