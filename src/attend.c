@@ -366,14 +366,17 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   const void **spare[2][2] = {{s.k_rows + 2 * lds_tile, s.v_rows + 2 * lds_tile},
                               {s.k_rows + 3 * lds_tile, s.v_rows + 3 * lds_tile}};
   int current = 0;
+  /* The packed tiles request less per key and want the lines in L1 (16x4096
+   * decode of 16 tokens, Zen 4: 70-71% of the read bandwidth into L1, 64%
+   * into L2). */
+  int to_l2 = c->kernels->prefetch_to_l2 && !item_is_packed(c, item);
   if (lo < hi) {
     gather_tile_rows(&c->kv, item->seq, item->kv_begin, lo, PA_MIN((int64_t)tile, hi - lo),
                      k_rows[0], v_rows[0]);
   }
   for (int64_t first = lo; first < hi; first += (int64_t)tile, current ^= 1) {
     int64_t next = first + (int64_t)tile, next_n = PA_MAX(PA_MIN((int64_t)tile, hi - next), 0);
-    pa_prefetch ahead = {
-        .start = s.range_start, .bytes = s.range_bytes, .to_l2 = c->kernels->prefetch_to_l2};
+    pa_prefetch ahead = {.start = s.range_start, .bytes = s.range_bytes, .to_l2 = to_l2};
     if (next_n > 0) {
       gather_tile_rows(&c->kv, item->seq, item->kv_begin, next, next_n, k_rows[current ^ 1],
                        v_rows[current ^ 1]);
