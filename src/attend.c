@@ -191,11 +191,8 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
       size_t length = (size_t)(whole ? heads * kv->head_bytes : run * kv->token_bytes);
       if (count >= 2 && start[count - 2] + bytes[count - 2] == kv->key + from &&
           start[count - 1] + bytes[count - 1] == kv->value + from) {
-        /* Blocks adjacent in memory extend the last pair of ranges (8x4096
-         * decode with 1-token blocks in allocation order, 6 alternating
-         * runs: 72.9 -> 76.1% of the read bandwidth with 1 thread, 82.4 ->
-         * 89.0% with 2; the same blocks shuffled 54.5 -> 52.4%, unexplained,
-         * as they rarely merge). */
+        /* Blocks adjacent in memory extend the last pair of ranges: fewer,
+         * longer runs of requests (docs/code-figures.md, tile_ranges). */
         bytes[count - 2] += length;
         bytes[count - 1] += length;
         continue;
@@ -276,8 +273,8 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
  * next tile's memory, requested over this tile's kernel calls.
  *
  * Direct (decode): S for every head, one softmax over all the item's rows
- * (its per-call work, the row reductions, is then shared by them: 1.8 ->
- * 0.9 ns per key and head at 32-key tiles), P V for every head. */
+ * (its per-call work, the row reductions, is then shared by them), P V for
+ * every head (docs/code-figures.md, attend_tile). */
 static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
                         const pa_item_scratch *s, int64_t first, size_t n, const void **k_rows,
                         const void **v_rows, const void **spare[2][2], pa_prefetch *ahead) {
@@ -314,10 +311,8 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
 
 /* Bytes of one KV head's K rows in a direct tile of a long sequence in
  * small blocks: head sizes 64 / 96 / 128 / 256 in 2 bytes then take 64 /
- * 48 / 32 / 16 keys (8x4096 decode, 1 thread, % of the read bandwidth:
- * head size 64 at 32 keys 67.7, at 64 keys 71.1; head size 96 at 32 keys
- * 70.1, 48 keys 73.0, 42 keys 67.7 (tiles of a multiple of 16 keys leave
- * the 4 x 4 Q K^T blocks no tail); head size 256 at 8 keys 63, 16 keys 77). */
+ * 48 / 32 / 16 keys, rounded to multiples of 16 so that the 4 x 4 Q K^T
+ * blocks have no tail (docs/code-figures.md, PA_DIRECT_TILE_BYTES). */
 enum { PA_DIRECT_TILE_BYTES = 8192 };
 
 /* Keys per tile of a direct (decode) item over `keys` keys (measurements in
@@ -326,8 +321,7 @@ enum { PA_DIRECT_TILE_BYTES = 8192 };
  * sequences of 2-byte caches in small blocks.
  * FP8 decode is compute-bound, large blocks are contiguous anyway, and a
  * short sequence is mostly per-call overhead: there fewer, longer kernel
- * calls win, and up to a whole tile's worth of keys in one tile (1 x 128
- * keys: 10.6 -> 8.1 us per call). */
+ * calls win, and up to a whole tile's worth of keys in one tile. */
 static size_t direct_tile(const pa_kv_source *kv, int64_t keys, size_t key_tile) {
   int long_tiles =
       pa_dtype_size(kv->dtype) == 1 || !kv->block_tables || kv->block_size >= 64 || keys <= 256;
@@ -366,9 +360,9 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   const void **spare[2][2] = {{s.k_rows + 2 * lds_tile, s.v_rows + 2 * lds_tile},
                               {s.k_rows + 3 * lds_tile, s.v_rows + 3 * lds_tile}};
   int current = 0;
-  /* The packed tiles request less per key and want the lines in L1 (16x4096
-   * decode of 16 tokens, Zen 4: 70-71% of the read bandwidth into L1, 64%
-   * into L2). */
+  /* The packed tiles request less per key and want the lines in L1 even
+   * where the direct ones request into L2 (docs/decode-memory.md, "Zen 4:
+   * requests into L2"). */
   int to_l2 = c->kernels->prefetch_to_l2 && !item_is_packed(c, item);
   if (lo < hi) {
     gather_tile_rows(&c->kv, item->seq, item->kv_begin, lo, PA_MIN((int64_t)tile, hi - lo),

@@ -25,7 +25,7 @@ int pa_isa_parse(const char *name, pa_isa *isa);
 const char *pa_isa_name(pa_isa isa);        /* the path: "amx", "avx512bf16", ... */
 const char *pa_isa_family_name(pa_isa isa); /* "scalar", "avx2" or "avx512" */
 /* Whether this CPU's bf16 dot products beat widening bf16 for its FMA
- * units, measured once per process (about 100 us); 0 without them. */
+ * units, measured once per process (docs/xeon-amx.md); 0 without them. */
 int pa_bf16_dot_is_fast(void);
 /* Whether the next tile's K/V are best requested into L2 only, by what the
  * CPU is (docs/decode-memory.md): on Zen 4, whose PREFETCHT1 fills L2

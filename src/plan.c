@@ -17,11 +17,10 @@ enum {
   /* Up to this many query rows per sequence (decode, speculative decoding)
    * go into one item, so the sequence's K/V are read once. */
   PA_DECODE_ROWS = 16,
-  /* keys x KV heads x head size of the smallest split: about 4 us of
-   * decode here (128 keys of a Llama-3-8B layer). A split costs a merge
-   * and hand-offs between cores, 1-3 us when the two vCPUs of this machine
-   * are placed ~250 ns apart (1 x 128 keys with 2 threads: 5.7 us per call
-   * when they are close, 11.3 us when far, 8 us unsplit). */
+  /* keys x KV heads x head size of the smallest split (128 keys of a
+   * Llama-3-8B layer): a split costs a merge and hand-offs between cores,
+   * which smaller pieces do not pay back (docs/code-figures.md,
+   * PA_MIN_SPLIT_WORK). */
   PA_MIN_SPLIT_WORK = 128 * 8 * 128,
   /* keys x KV heads x head size of the smallest item made by dealing a
    * decode's KV heads out to threads that would otherwise idle (fewer

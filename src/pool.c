@@ -1,6 +1,7 @@
 /* Dispatch: the caller publishes a job and bumps a generation counter;
- * workers spin on it for a while (a spinning wake-up costs about 0.1 us
- * here, a futex wake-up about 50 us) and then sleep on it.
+ * workers spin on it for a while (a spinning worker wakes hundreds of times
+ * sooner than a sleeping one; docs/code-figures.md, pool) and then sleep on
+ * it.
  *
  * Tasks are claimed from a 64-bit counter holding the job's generation in
  * its high half and the next task index in its low half, so a worker that
@@ -11,9 +12,9 @@
  * running; tests/test_pool.c). The caller runs task 0 itself, outside the
  * counter (which starts at 1): a job's first task, the longest of a plan,
  * then stays on the caller's core from one call to the next instead of
- * going to whichever thread wins the first claim (in one measured process
- * the worker won it in 80% of the calls, so the two halves of a split
- * decode changed cores every few calls). Completion counts tasks, not
+ * going to whichever thread wins the first claim (the worker often won it,
+ * so the two halves of a split decode changed cores every few calls).
+ * Completion counts tasks, not
  * workers: the caller, which claims tasks too, waits only for tasks that
  * were claimed, never for a worker that another process keeps off the CPU.
  * With the other core busy, a call degrades to one thread's speed instead
@@ -46,9 +47,9 @@
 #define PA_CPU_RELAX() ((void)0)
 #endif
 
-/* About 50-100 us of spinning at a few ns per pause: long enough to cover
- * the gap between the layers of one engine step, short enough not to burn a
- * core between steps. */
+/* Spinning long enough to cover the gap between the layers of one engine
+ * step, short enough not to burn a core between steps (docs/code-figures.md,
+ * pool). */
 enum { PA_SPIN_ITERATIONS = 20000, PA_WAIT_SPINS_BEFORE_YIELD = 2000 };
 
 struct pa_pool {

@@ -141,8 +141,9 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa256_loader load, siz
 }
 
 /* The prefetch budget is spread over the row groups but issued in the
- * first column block of each: these kernels are compute-bound here, and
- * a step per column block of 16 cost 4% (16x4096 decode, --isa avx2). */
+ * first column block of each: these kernels are compute-bound, and a step
+ * per column block costs more than it gives (docs/code-figures.md, AVX2
+ * P V). */
 PA_INLINE void pv(pa256_loader load, size_t elem, float unit, size_t m, size_t n, size_t d,
                   const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
                   const float *rescale, pa_prefetch *prefetch) {

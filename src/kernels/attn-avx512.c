@@ -59,9 +59,8 @@ PA_INLINE void qk(pa512_loader qload, size_t q_elem, pa512_loader load, size_t e
 }
 
 /* acc[r][c] += P[r][j] V[j][c] for keys [0, n), one prefetch step per 8
- * keys (16x4096 f16 decode, 1 thread, 6 alternating runs, % of the read
- * bandwidth against a step every 2 keys: every key -3.3, every 4 keys +1.4,
- * every 8 +2.0); `full`: no partial chunk, so the loads need no mask test. */
+ * keys (docs/code-figures.md, P V request steps); `full`: no partial
+ * chunk, so the loads need no mask test. */
 PA_INLINE void pv_keys(const int rows, const int chunks, const int full, pa512_loader load,
                        size_t elem, size_t n, const __mmask16 *mask, const float *p, size_t ldp,
                        const char *const *v_rows, size_t offset, __m512 *acc,
@@ -261,9 +260,8 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
 
     for (size_t r = 0; r < 16; r++) lanes[r] = _mm512_setzero_ps();
     /* Each row's shift is taken from `after` in registers, not read back
-     * from row_max behind the masked store above (kernel bench, 8
-     * alternating runs: the softmax 2-5% faster on most rows, 9% on f32's
-     * 16-key tiles, 3% slower on bf16's 16-key tiles). */
+     * from row_max behind the masked store above, which would wait on the
+     * store (docs/code-figures.md, AVX-512 softmax). */
     const __m512 minus_after = _mm512_castsi512_ps(
         _mm512_xor_si512(_mm512_castps_si512(after), _mm512_set1_epi32(INT32_MIN)));
     for (size_t r = 0; r < rows; r++) {  // cppcheck-suppress knownConditionTrueFalse

@@ -30,9 +30,7 @@ void pa_bf16_tables_init(void) { pthread_once(&pa_tables_once, build_tables); }
 /* Rows of more than 128 elements take their share of the requests once per
  * 32-column chunk (step `done` + keys after each), not once per block: a
  * block's share is 32 lines or more at head size 256, too many at once
- * (8x4096 decode, head size 256, 1 thread, 12 alternating rounds: +4.3
- * points of the read bandwidth; the other head sizes, for which `d > 128`
- * is false at compile time or costs a test, moved within +-1.2). */
+ * (docs/code-figures.md, Q K^T request steps). */
 PA_INLINE int qk_steps_per_chunk(size_t d) { return d > 128; }
 
 PA_INLINE void qk_block(const int rows, const int keys, size_t d, const uint16_t *q, size_t ldq,

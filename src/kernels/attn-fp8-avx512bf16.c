@@ -263,11 +263,9 @@ PA_INLINE void pv_group(const int rows, const int split, const pa_fp8_tables *t,
   }
 }
 
-/* The requests are issued every 8 keys of each group (FP8 decode is
- * compute-bound; a step every 2 keys cost it. 16x4096 decode, 1 thread,
- * alternating runs, % of the read bandwidth for e4m3 / e5m2: every 2 keys
- * 55.9 / 54.8, every 4 keys 56.6 / 57.1, every 8 keys 57.6 / 57.0, every 16
- * the same as 8). */
+/* The requests are issued every 8 keys of each group: FP8 decode is
+ * compute-bound, and more frequent steps cost it (docs/code-figures.md,
+ * P V request steps). */
 PA_INLINE void pv_rows(const int rows, const int split, const pa_fp8_tables *t, size_t n, size_t d,
                        const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
                        const float *rescale, pa_prefetch *prefetch, size_t work_done,

@@ -37,9 +37,9 @@ PA_INLINE __m256i pa256_tail_mask(size_t count) {
 }
 
 /* A plain store for a whole vector (the common case in a loop), a masked
- * one for a tail. (A masked load for f32 tails, likewise, made 16x4096
- * decode 5% slower with --isa avx2, though the kernels alone were faster:
- * loads keep the copy.) */
+ * one for a tail. (A masked load for f32 tails, likewise, was slower in
+ * the decode though not in the kernels alone, so loads keep the copy;
+ * docs/code-figures.md, AVX2 tails.) */
 PA_INLINE void pa256_store_f32(float *p, __m256 v, size_t count) {
   if (count >= 8)
     _mm256_storeu_ps(p, v);

@@ -57,7 +57,8 @@ __attribute__((noinline)) static double time_fma(void) {
 }
 
 /* The time of a vdpbf16ps over that of a vfmadd231ps, the fastest of
- * PA_ROUNDS alternating rounds of each (about 100 us in all). */
+ * PA_ROUNDS alternating rounds of each (a fraction of a millisecond in all;
+ * docs/xeon-amx.md). */
 double pa_bf16_dot_cost_avx512bf16(void) {
   double dot = 1e30, fma = 1e30;
   for (int r = 0; r < PA_ROUNDS; r++) {

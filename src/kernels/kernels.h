@@ -197,9 +197,9 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
 /* Runs `body` with `width` (a size_t) equal to the head size d, as a
  * compile-time constant for head sizes 128 and 64: an inlined kernel's
  * loop over a row then has a constant trip count and no tail, and unrolls
- * (PA_FOR_CHUNKS). The bf16 Q K^T in L1 went 2.9 -> 2.5-2.7 ns per key and
- * KV head at head size 128 (docs/decode-memory.md). Each copy costs build
- * time, most in sanitizer builds: hence two sizes. */
+ * (PA_FOR_CHUNKS; docs/decode-memory.md, "The Q K^T block's own
+ * overhead"). Each copy costs build time, most in sanitizer builds: hence
+ * two sizes. */
 #define PA_WITH_HEAD_SIZE(d, width, body) \
   do {                                    \
     if ((d) == 128) {                     \
@@ -232,8 +232,8 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
 /* for (size_t var = 0; var < limit; var += step) { ... }, unrolled in full
  * (`unroll`: "GCC unroll N") where `limit` is a compile-time constant, as
  * PA_WITH_HEAD_SIZE makes it, and left rolled where it is not: unrolling a
- * run-time loop only bloats it (an ASan build of the three AVX-512
- * attention files then took 6 minutes instead of 1.5). */
+ * run-time loop only bloats it (and multiplies the sanitizer build's time;
+ * docs/code-figures.md, PA_FOR_CHUNKS). */
 #define PA_FOR_CHUNKS(var, limit, step, unroll, ...)                                     \
   do {                                                                                   \
     if (__builtin_constant_p(limit)) {                                                   \

@@ -7,12 +7,9 @@
 /* The kernel's next loop of `steps` steps over its keys covers units
  * [first, first + width) of the `total` units of its work (row x column or
  * key x row x column products, as the kernel counts them): the budget is
- * spread over all of the work, not spent in the first loop (8x4096 decode,
- * 1 thread: 1-token blocks 68% -> 76% of the read bandwidth, 64-token blocks
- * 74% -> 83%, head size 256 66% -> 76%, once P V's column blocks shared it).
- * The loop's share is interpolated in 32.32 fixed point, so that a step
- * costs a multiply, not a division (f16 P V with K/V in L2, requests to
- * L2: 25.9 -> 22.5 ticks per key and KV head). */
+ * spread over all of the work, not spent in the first loop. The loop's
+ * share is interpolated in 32.32 fixed point, so that a step costs a
+ * multiply, not a division (docs/code-figures.md, pa_prefetch_span). */
 static inline void pa_prefetch_span(pa_prefetch *p, size_t first, size_t width, size_t total,
                                     size_t steps) {
   if (!p) return;
@@ -61,12 +58,8 @@ static inline void pa_prefetch_step(pa_prefetch *p, size_t done) {
   if (p->issued >= target) return;
   /* The cursor lives in locals here: through the pointer every update would
    * be a store the compiler cannot drop. Each range's share goes out as one
-   * run of lines, with no per-line bookkeeping (bf16 loop with cached
-   * targets 12.7 -> 11.1 ns per key and KV head; 16x4096 decode, 1 thread,
-   * 10 alternating runs: bf16 75.6 -> 76.7%, f16 70.1 -> 73.1%, FP8 57.6 ->
-   * 60.7%; 8x4096 with 64-token blocks +2, head size 64 +3, but head size
-   * 256 77 -> 74%, and 1-token blocks 74 -> 70% until adjacent blocks' ranges
-   * were merged, see tile_ranges). */
+   * run of lines, with no per-line bookkeeping (docs/decode-memory.md, the
+   * walk without per-line loads). */
   size_t next = p->next, offset = p->offset, issued = p->issued;
   while (issued < target && next < p->count) {
     const char *line = p->start[next] + offset;
@@ -93,10 +86,8 @@ static inline void pa_prefetch_step(pa_prefetch *p, size_t done) {
 /* A packed (prefill) kernel's register block loops over pairs, elements or
  * keys; it takes a step every PA_PACKED_STEP iterations (a few lines each).
  * Issued at once before each call instead, its share of the next tile
- * (hundreds of lines) was mostly lost: 16x4096 decode, 1 thread, bf16,
- * speculative decoding of 16 tokens (64 rows per KV head, packed) 56.2-57.5
- * -> 46.8-47.6 ms per call; 2048-token f32 prompt 71.0 -> 74.8% of the FMA
- * peak (docs/decode-memory.md). */
+ * (hundreds of lines) was mostly lost (docs/code-figures.md,
+ * PA_PACKED_STEP). */
 enum { PA_PACKED_STEP = 16 };
 
 static inline size_t pa_packed_steps(size_t iterations) {

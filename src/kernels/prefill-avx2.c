@@ -177,7 +177,6 @@ void pa_prefill_kernels_avx2(pa_kernels *k) {
   k->qk_packed = qk_packed;
   k->pv_packed = pv_packed;
   /* The direct kernels stay ahead up to 64 rows per KV head at least
-   * (16x4096 bf16 decode, 1 thread, speculative decoding of 16 tokens:
-   * 192-194 ms against 213-216 packed); a prompt's items have 128. */
+   * (docs/code-figures.md, packed_min_rows); a prompt's items have 128. */
   k->packed_min_rows = 128;
 }

@@ -156,8 +156,7 @@ void pa_prefill_kernels_avx512(pa_kernels *k) {
   PA_SET_PER_DTYPE(k->pack_v, pack_v);
   k->qk_packed = qk_packed;
   k->pv_packed = pv_packed;
-  /* 16x4096 decode from DRAM, 1 thread, f16, speculative decoding of 16
-   * tokens (64 rows per KV head) direct -> packed 94-96 -> 83 ms; of 4 (16
-   * rows) 24.4-25.2 -> 28.5-28.9 ms. */
+  /* The packed kernels overtake the direct ones between 16 and 64 rows per
+   * KV head (docs/code-figures.md, packed_min_rows). */
   k->packed_min_rows = 64;
 }

@@ -200,13 +200,9 @@ void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, 
 }
 
 /* These packed kernels overtake the direct ones (whose Q K^T blocks end in a
- * reduction) from 16 rows per KV head for bf16 caches and from 32 for FP8.
- * 16x4096 decode from DRAM, 1 thread, us per call direct -> packed:
- * speculative decoding of 4 tokens (16 rows) bf16 18138-18841 -> 16790-
- * 17308, FP8 E4M3 15353-15473 -> 16125-16221; of 8 (32 rows) bf16
- * 31768-32384 -> 27557-28935, E4M3 29453-30347 -> 27123-28505.
- * Without `bf16_pairs` the bf16 cache keeps the f32 packed kernels (the
- * FMA path, for CPUs whose dot products are slow and that have no tiles). */
+ * reduction) from 16 rows per KV head for bf16 caches and from 32 for FP8
+ * (docs/code-figures.md, packed_min_rows). Without `bf16_pairs` the bf16 cache keeps the f32 packed
+ * kernels (the FMA path, for CPUs whose dot products are slow and that have no tiles). */
 void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
   pa_bf16_tables_init();
   static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {
