@@ -158,16 +158,16 @@ PA_INLINE void pv(pa256_loader load, size_t elem, float unit, size_t m, size_t n
 #undef PV_CHUNKS
 }
 
-#define PA_DEFINE_QK_PV(suffix, loader, elem)                                                    \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
-                          const void *const *k_rows, float *s, size_t lds,                       \
-                          pa_prefetch *prefetch) {                                               \
-    qk(loader, elem, 1.0f, m, n, d, q, ldq, k_rows, s, lds, prefetch);                           \
-  }                                                                                              \
-  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
-                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
-                          pa_prefetch *prefetch) {                                               \
-    pv(loader, elem, 1.0f, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                  \
+#define PA_DEFINE_QK_PV(suffix, loader, elem)                                                     \
+  static void pa_qk_f32_##suffix##_avx2(size_t m, size_t n, size_t d, const void *q, size_t ldq,  \
+                                        const void *const *k_rows, float *s, size_t lds,          \
+                                        pa_prefetch *prefetch) {                                  \
+    qk(loader, elem, 1.0f, m, n, d, q, ldq, k_rows, s, lds, prefetch);                            \
+  }                                                                                               \
+  static void pa_pv_f32_##suffix##_avx2(size_t m, size_t n, size_t d, const float *p, size_t ldp, \
+                                        const void *const *v_rows, float *o, size_t ldo,          \
+                                        const float *rescale, pa_prefetch *prefetch) {            \
+    pv(loader, elem, 1.0f, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                   \
   }
 
 PA_DEFINE_QK_PV(f32, pa256_load_f32, 4)
@@ -177,17 +177,18 @@ PA_DEFINE_QK_PV(e5m2, pa256_load_e5m2, 1)
 
 /* E4M3 decodes two instructions cheaper when no value is a NaN, and a scan
  * of the tile's bytes for one costs far less than those two. */
-static void qk_e4m3(size_t m, size_t n, size_t d, const void *q, size_t ldq,
-                    const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
+static void pa_qk_f32_e4m3_avx2(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                                const void *const *k_rows, float *s, size_t lds,
+                                pa_prefetch *prefetch) {
   if (pa256_e4m3_has_nan(k_rows, n, d))
     qk(pa256_load_e4m3, 1, 1.0f, m, n, d, q, ldq, k_rows, s, lds, prefetch);
   else
     qk(pa256_load_e4m3_scaled, 1, 256.0f, m, n, d, q, ldq, k_rows, s, lds, prefetch);
 }
 
-static void pv_e4m3(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                    const void *const *v_rows, float *o, size_t ldo, const float *rescale,
-                    pa_prefetch *prefetch) {
+static void pa_pv_f32_e4m3_avx2(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                const void *const *v_rows, float *o, size_t ldo,
+                                const float *rescale, pa_prefetch *prefetch) {
   if (pa256_e4m3_has_nan(v_rows, n, d))
     pv(pa256_load_e4m3, 1, 1.0f, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
   else
@@ -247,7 +248,7 @@ PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
 }
 
 /* As the AVX-512 version: maxima, corrections 8 rows per vector, weights. */
-static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
+static void pa_softmax_avx2(const pa_softmax_tile *t, float *s, size_t lds) {
   float *old_max = t->rescale;
   for (size_t i = 0; i < t->m; i++) {
     old_max[i] = t->row_max[i];
@@ -284,7 +285,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
 }
 
 void pa_attn_kernels_avx2(pa_kernels *k) {
-  PA_SET_PER_DTYPE(k->qk, qk);
-  PA_SET_PER_DTYPE(k->pv, pv);
-  k->softmax = softmax;
+  PA_SET_PER_DTYPE(k->qk, pa_qk_f32, avx2);
+  PA_SET_PER_DTYPE(k->pv, pa_pv_f32, avx2);
+  k->softmax = pa_softmax_avx2;
 }

@@ -147,16 +147,16 @@ PA_INLINE void pv(pa512_loader load, size_t elem, size_t m, size_t n, size_t d, 
 #undef PV_GROUP
 }
 
-#define PA_DEFINE_QK_PV(suffix, loader, elem)                                                    \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
-                          const void *const *k_rows, float *s, size_t lds,                       \
-                          pa_prefetch *prefetch) {                                               \
-    qk(pa512_load_f32, 4, loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);              \
-  }                                                                                              \
-  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
-                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
-                          pa_prefetch *prefetch) {                                               \
-    pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                        \
+#define PA_DEFINE_QK_PV(suffix, loader, elem)                                                      \
+  static void pa_qk_f32_##suffix##_avx512(size_t m, size_t n, size_t d, const void *q, size_t ldq, \
+                                          const void *const *k_rows, float *s, size_t lds,         \
+                                          pa_prefetch *prefetch) {                                 \
+    qk(pa512_load_f32, 4, loader, elem, m, n, d, q, ldq, k_rows, s, lds, prefetch);                \
+  }                                                                                                \
+  static void pa_pv_f32_##suffix##_avx512(                                                         \
+      size_t m, size_t n, size_t d, const float *p, size_t ldp, const void *const *v_rows,         \
+      float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {                         \
+    pv(loader, elem, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                          \
   }
 
 PA_DEFINE_QK_PV(f32, pa512_load_f32, 4)
@@ -166,7 +166,7 @@ PA_DEFINE_QK_PV(e4m3, pa512_load_e4m3, 1)
 PA_DEFINE_QK_PV(e5m2, pa512_load_e5m2, 1)
 
 /* Q K^T with Q as bf16 activations hold it (the score factor left to the
- * softmax) over a bf16 cache, and P V over it, on the FMA units: the bf16
+ * pa_softmax_avx512) over a bf16 cache, and P V over it, on the FMA units: the bf16
  * pair's direct kernels where the CPU's bf16 dot products are slower than
  * its FMA (see pa_bf16_dot_is_fast) but its packed ones want Q unscaled. */
 void pa_qk_bf16_bf16_avx512(size_t m, size_t n, size_t d, const void *q, size_t ldq,
@@ -175,10 +175,10 @@ void pa_qk_bf16_bf16_avx512(size_t m, size_t n, size_t d, const void *q, size_t 
   qk(pa512_load_bf16, 2, pa512_load_bf16, 2, m, n, d, q, ldq, k_rows, s, lds, prefetch);
 }
 
-void pa_pv_bf16_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                       const void *const *v_rows, float *o, size_t ldo, const float *rescale,
-                       pa_prefetch *prefetch) {
-  pv_bf16(m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
+void pa_pv_bf16_bf16_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                            const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                            pa_prefetch *prefetch) {
+  pa_pv_f32_bf16_avx512(m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
 }
 
 /* Base-2 logits of row i's visible columns written over the row (-inf
@@ -234,7 +234,7 @@ PA_INLINE __m512 raw_max_row(size_t n, const float *row) {
  * state; every row's weights; every row's sum. A plain tile (see
  * raw_max_row) skips writing logits: its weights are 2^(s * c - max) with
  * c the score scale in base 2, one FMA from the raw score. */
-static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
+static void pa_softmax_avx512(const pa_softmax_tile *t, float *s, size_t lds) {
   const int plain = !t->key_lo && t->soft_cap == 0.0f && !t->alibi;
   const float c = t->score_scale * PA_LOG2E;
   __m512 lanes[16];
@@ -261,7 +261,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
     for (size_t r = 0; r < 16; r++) lanes[r] = _mm512_setzero_ps();
     /* Each row's shift is taken from `after` in registers, not read back
      * from row_max behind the masked store above, which would wait on the
-     * store (docs/code-figures.md, AVX-512 softmax). */
+     * store (docs/code-figures.md, AVX-512 pa_softmax_avx512). */
     const __m512 minus_after = _mm512_castsi512_ps(
         _mm512_xor_si512(_mm512_castps_si512(after), _mm512_set1_epi32(INT32_MIN)));
     for (size_t r = 0; r < rows; r++) {  // cppcheck-suppress knownConditionTrueFalse
@@ -294,7 +294,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
 }
 
 void pa_attn_kernels_avx512(pa_kernels *k) {
-  PA_SET_PER_DTYPE(k->qk, qk);
-  PA_SET_PER_DTYPE(k->pv, pv);
-  k->softmax = softmax;
+  PA_SET_PER_DTYPE(k->qk, pa_qk_f32, avx512);
+  PA_SET_PER_DTYPE(k->pv, pa_pv_f32, avx512);
+  k->softmax = pa_softmax_avx512;
 }

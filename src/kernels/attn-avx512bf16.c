@@ -64,8 +64,9 @@ PA_INLINE void qk_rows(const int rows, size_t n, size_t d, const uint16_t *q, si
   }
 }
 
-static void qk_bf16(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
-                    const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
+static void pa_qk_bf16_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                                       const void *const *k_rows, float *s, size_t lds,
+                                       pa_prefetch *prefetch) {
   const uint16_t *q = q_rows;
 #define QK_GROUP(rows, i) \
   qk_rows(rows, n, width, q + (i)*ldq, ldq, k_rows, s + (i)*lds, lds, prefetch)
@@ -164,9 +165,9 @@ PA_INLINE void pv_group(const int rows, const int width, size_t j0, size_t count
 /* Rows in groups of 4, then one of 3, 2 or 1, so that each V row is read
  * once per group: 4 or 3 rows take 2-chunk blocks (16 or 12
  * accumulators), 2 or 1 rows 4-chunk blocks. */
-static void pv_bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                    const void *const *v_rows, float *o, size_t ldo, const float *rescale,
-                    pa_prefetch *prefetch) {
+static void pa_pv_bf16_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                       const void *const *v_rows, float *o, size_t ldo,
+                                       const float *rescale, pa_prefetch *prefetch) {
   uint32_t pairs[4][PA_PAIR_KEYS / 2];
   /* The budget is spread over the key x row x column products. */
   for (size_t j0 = 0; j0 < n; j0 += PA_PAIR_KEYS) {
@@ -194,6 +195,6 @@ void pa_attn_kernels_avx512bf16(pa_kernels *k, int dot) {
   ops->q_size = 2;
   ops->scale_scores = 1;
   ops->p_bf16 = dot;
-  ops->qk = dot ? qk_bf16 : pa_qk_bf16_bf16_avx512;
-  ops->pv = dot ? pv_bf16 : pa_pv_bf16_avx512;
+  ops->qk = dot ? pa_qk_bf16_bf16_avx512bf16 : pa_qk_bf16_bf16_avx512;
+  ops->pv = dot ? pa_pv_bf16_bf16_avx512bf16 : pa_pv_bf16_bf16_avx512;
 }

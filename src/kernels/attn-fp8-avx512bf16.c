@@ -86,7 +86,7 @@ PA_INLINE size_t q_padded(size_t n) { return (n + 63) / 64 * 64; }
 
 /* bf16 Q rows in the group order, zero-padded to a multiple of 64 (the
  * score factor goes to the softmax). */
-static void load_q_grouped(void *dst, const void *src, size_t n, float factor) {
+static void pa_load_q_bf16_grouped_avx512bf16(void *dst, const void *src, size_t n, float factor) {
   (void)factor;
   uint16_t *out = dst;
   const uint16_t *in = src;
@@ -101,7 +101,7 @@ static void load_q_grouped(void *dst, const void *src, size_t n, float factor) {
  * parts (bf16_parts), the high parts in [0, padded), the rests in
  * [padded, 2 padded) of the row, both in the group order. Q K^T then takes
  * two dot products per K vector instead of an f32 FMA per converted value. */
-static void load_q_split(void *dst, const void *src, size_t n, float factor) {
+static void pa_load_q_f16_split_avx512bf16(void *dst, const void *src, size_t n, float factor) {
   (void)factor;
   uint16_t *high_out = dst, *rest_out = (uint16_t *)dst + q_padded(n);
   const uint16_t *in = src;
@@ -124,7 +124,7 @@ static void load_q_split(void *dst, const void *src, size_t n, float factor) {
 
 /* f16 Q as f32 for the packed (prefill) kernels of the same pair, whose
  * scores the softmax scales too. */
-static void load_q_f16(void *dst, const void *src, size_t n, float factor) {
+static void pa_load_q_f16_avx512bf16(void *dst, const void *src, size_t n, float factor) {
   (void)factor;
   float *out = dst;
   const uint16_t *in = src;
@@ -134,7 +134,7 @@ static void load_q_f16(void *dst, const void *src, size_t n, float factor) {
   }
 }
 
-/* With `split`, Q rows hold high parts then rests (load_q_split) and are
+/* With `split`, Q rows hold high parts then rests (pa_load_q_f16_split_avx512bf16) and are
  * 2 ldq words apart; every K vector meets both. */
 PA_INLINE void qk_block(const int rows, const int keys, const int split, const pa_fp8_tables *t,
                         size_t d, const uint16_t *q, size_t ldq, const void *const *k, float *s,
@@ -314,26 +314,26 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n
     pv_sized(bytes, split, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
 }
 
-#define PA_DEFINE_QK_PV(suffix, bytes)                                                           \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
-                          const void *const *k_rows, float *s, size_t lds,                       \
-                          pa_prefetch *prefetch) {                                               \
-    qk(&(bytes), 0, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                  \
-  }                                                                                              \
-  static void qk_split_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,         \
-                                const void *const *k_rows, float *s, size_t lds,                 \
-                                pa_prefetch *prefetch) {                                         \
-    qk(&(bytes), 1, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                  \
-  }                                                                                              \
-  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
-                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
-                          pa_prefetch *prefetch) {                                               \
-    pv(&(bytes), 0, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                         \
-  }                                                                                              \
-  static void pv_split_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,        \
-                                const void *const *v_rows, float *o, size_t ldo,                 \
-                                const float *rescale, pa_prefetch *prefetch) {                   \
-    pv(&(bytes), 1, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                         \
+#define PA_DEFINE_QK_PV(suffix, bytes)                                                          \
+  static void pa_qk_bf16_##suffix##_avx512bf16(size_t m, size_t n, size_t d, const void *q,     \
+                                               size_t ldq, const void *const *k_rows, float *s, \
+                                               size_t lds, pa_prefetch *prefetch) {             \
+    qk(&(bytes), 0, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                 \
+  }                                                                                             \
+  static void pa_qk_f16_##suffix##_avx512bf16(size_t m, size_t n, size_t d, const void *q,      \
+                                              size_t ldq, const void *const *k_rows, float *s,  \
+                                              size_t lds, pa_prefetch *prefetch) {              \
+    qk(&(bytes), 1, m, n, d, q, ldq, k_rows, s, lds, prefetch);                                 \
+  }                                                                                             \
+  static void pa_pv_bf16_##suffix##_avx512bf16(                                                 \
+      size_t m, size_t n, size_t d, const float *p, size_t ldp, const void *const *v_rows,      \
+      float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {                      \
+    pv(&(bytes), 0, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                        \
+  }                                                                                             \
+  static void pa_pv_f16_##suffix##_avx512bf16(                                                  \
+      size_t m, size_t n, size_t d, const float *p, size_t ldp, const void *const *v_rows,      \
+      float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {                      \
+    pv(&(bytes), 1, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);                        \
   }
 
 PA_DEFINE_QK_PV(e4m3, pa_e4m3_bytes)
@@ -345,7 +345,7 @@ static void init_tables(void) {
 }
 
 /* bf16 activations use Q as it is and P rounded to bf16; f16 activations
- * split both Q (exactly, see load_q_split) and P (to 2^-17, see
+ * split both Q (exactly, see pa_load_q_f16_split_avx512bf16) and P (to 2^-17, see
  * pack_pairs_parts) in two bf16 parts, which doubles the dot products but
  * needs no f32 conversion of K and V. Their packed (prefill) kernels stay
  * the f32 ones. */
@@ -353,12 +353,14 @@ void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pa_bf16_tables_init();
   pthread_once(&once, init_tables);
-  const pa_qk_fn qk_fns[2] = {qk_e4m3, qk_e5m2}, qk_split_fns[2] = {qk_split_e4m3, qk_split_e5m2};
-  const pa_pv_fn pv_fns[2] = {pv_e4m3, pv_e5m2}, pv_split_fns[2] = {pv_split_e4m3, pv_split_e5m2};
+  const pa_qk_fn qk_fns[2] = {pa_qk_bf16_e4m3_avx512bf16, pa_qk_bf16_e5m2_avx512bf16},
+                 qk_split_fns[2] = {pa_qk_f16_e4m3_avx512bf16, pa_qk_f16_e5m2_avx512bf16};
+  const pa_pv_fn pv_fns[2] = {pa_pv_bf16_e4m3_avx512bf16, pa_pv_bf16_e5m2_avx512bf16},
+                 pv_split_fns[2] = {pa_pv_f16_e4m3_avx512bf16, pa_pv_f16_e5m2_avx512bf16};
   const pa_dtype caches[2] = {PA_FP8_E4M3, PA_FP8_E5M2};
   for (int i = 0; i < 2; i++) {
     pa_attn_ops *ops = &k->attn[PA_BF16][caches[i]];
-    ops->load_q = load_q_grouped;
+    ops->load_q = pa_load_q_bf16_grouped_avx512bf16;
     ops->load_q_packed = pa_load_q_bf16; /* the packed kernels want Q as it is */
     ops->q_size = 2;
     ops->scale_scores = 1;
@@ -366,8 +368,8 @@ void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
     ops->qk = qk_fns[i];
     ops->pv = pv_fns[i];
     ops = &k->attn[PA_F16][caches[i]];
-    ops->load_q = load_q_split;
-    ops->load_q_packed = load_q_f16;
+    ops->load_q = pa_load_q_f16_split_avx512bf16;
+    ops->load_q_packed = pa_load_q_f16_avx512bf16;
     ops->q_size = 4; /* two bf16 parts per value; f32 for the packed kernels */
     ops->scale_scores = 1;
     ops->qk = qk_split_fns[i];

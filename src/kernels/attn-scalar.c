@@ -1,5 +1,5 @@
 /* Attention micro-kernels, scalar: the specification of S = Q K^T, the
- * online-softmax tile epilogue and O += P V. */
+ * online-pa_softmax_scalar tile epilogue and O += P V. */
 #include <math.h>
 
 #include "codecs.h"
@@ -10,8 +10,8 @@ static void decode_row(pa_dtype dtype, const void *src, size_t d, float *dst) {
   for (size_t e = 0; e < d; e++) dst[e] = pa_decode_element(dtype, src, e);
 }
 
-static void qk(pa_dtype dtype, size_t m, size_t n, size_t d, const float *q, size_t ldq,
-               const void *const *k_rows, float *s, size_t lds) {
+static void pa_qk_f32_any_scalar(pa_dtype dtype, size_t m, size_t n, size_t d, const float *q,
+                                 size_t ldq, const void *const *k_rows, float *s, size_t lds) {
   float k[PA_MAX_HEAD_SIZE];
   for (size_t j = 0; j < n; j++) {
     decode_row(dtype, k_rows[j], d, k);
@@ -24,8 +24,9 @@ static void qk(pa_dtype dtype, size_t m, size_t n, size_t d, const float *q, siz
   }
 }
 
-static void pv(pa_dtype dtype, size_t m, size_t n, size_t d, const float *p, size_t ldp,
-               const void *const *v_rows, float *o, size_t ldo, const float *rescale) {
+static void pa_pv_f32_any_scalar(pa_dtype dtype, size_t m, size_t n, size_t d, const float *p,
+                                 size_t ldp, const void *const *v_rows, float *o, size_t ldo,
+                                 const float *rescale) {
   float v[PA_MAX_HEAD_SIZE];
   pa_rescale_rows_scalar(m, d, o, ldo, rescale);
   for (size_t j = 0; j < n; j++) {
@@ -39,18 +40,18 @@ static void pv(pa_dtype dtype, size_t m, size_t n, size_t d, const float *p, siz
 }
 
 /* The scalar kernels leave prefetching to the hardware. */
-#define PA_DEFINE_QK_PV(suffix, dtype)                                                           \
-  static void qk_##suffix(size_t m, size_t n, size_t d, const void *q, size_t ldq,               \
-                          const void *const *k_rows, float *s, size_t lds,                       \
-                          pa_prefetch *prefetch) {                                               \
-    (void)prefetch;                                                                              \
-    qk(dtype, m, n, d, q, ldq, k_rows, s, lds);                                                  \
-  }                                                                                              \
-  static void pv_##suffix(size_t m, size_t n, size_t d, const float *p, size_t ldp,              \
-                          const void *const *v_rows, float *o, size_t ldo, const float *rescale, \
-                          pa_prefetch *prefetch) {                                               \
-    (void)prefetch;                                                                              \
-    pv(dtype, m, n, d, p, ldp, v_rows, o, ldo, rescale);                                         \
+#define PA_DEFINE_QK_PV(suffix, dtype)                                                             \
+  static void pa_qk_f32_##suffix##_scalar(size_t m, size_t n, size_t d, const void *q, size_t ldq, \
+                                          const void *const *k_rows, float *s, size_t lds,         \
+                                          pa_prefetch *prefetch) {                                 \
+    (void)prefetch;                                                                                \
+    pa_qk_f32_any_scalar(dtype, m, n, d, q, ldq, k_rows, s, lds);                                  \
+  }                                                                                                \
+  static void pa_pv_f32_##suffix##_scalar(                                                         \
+      size_t m, size_t n, size_t d, const float *p, size_t ldp, const void *const *v_rows,         \
+      float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {                         \
+    (void)prefetch;                                                                                \
+    pa_pv_f32_any_scalar(dtype, m, n, d, p, ldp, v_rows, o, ldo, rescale);                         \
   }
 
 PA_DEFINE_QK_PV(f32, PA_F32)
@@ -71,7 +72,7 @@ static void visible_columns(const pa_softmax_tile *t, size_t i, size_t *lo, size
   *hi = (size_t)last;
 }
 
-static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
+static void pa_softmax_scalar(const pa_softmax_tile *t, float *s, size_t lds) {
   for (size_t i = 0; i < t->m; i++) {
     float *row = s + i * lds;
     size_t lo, hi;
@@ -107,7 +108,7 @@ static void softmax(const pa_softmax_tile *t, float *s, size_t lds) {
 }
 
 void pa_attn_kernels_scalar(pa_kernels *k) {
-  PA_SET_PER_DTYPE(k->qk, qk);
-  PA_SET_PER_DTYPE(k->pv, pv);
-  k->softmax = softmax;
+  PA_SET_PER_DTYPE(k->qk, pa_qk_f32, scalar);
+  PA_SET_PER_DTYPE(k->pv, pa_pv_f32, scalar);
+  k->softmax = pa_softmax_scalar;
 }

@@ -193,8 +193,8 @@ PA_INLINE void pa512_transpose16(__m512 r[16]) {
  * registration takes where the dot products are slow. */
 void pa_qk_bf16_bf16_avx512(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                             const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch);
-void pa_pv_bf16_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                       const void *const *v_rows, float *o, size_t ldo, const float *rescale,
-                       pa_prefetch *prefetch);
+void pa_pv_bf16_bf16_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                            const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                            pa_prefetch *prefetch);
 
 #endif

@@ -17,9 +17,9 @@
     }                                                                                        \
   }
 
-PA_DEFINE_LOAD_ROW(load_f32, float, pa256_load_f32)
-PA_DEFINE_LOAD_ROW(load_f16, uint16_t, pa256_load_f16)
-PA_DEFINE_LOAD_ROW(load_bf16, uint16_t, pa256_load_bf16)
+PA_DEFINE_LOAD_ROW(pa_load_row_f32_avx2, float, pa256_load_f32)
+PA_DEFINE_LOAD_ROW(pa_load_row_f16_avx2, uint16_t, pa256_load_f16)
+PA_DEFINE_LOAD_ROW(pa_load_row_bf16_avx2, uint16_t, pa256_load_bf16)
 
 /* Each writes 8 converted lanes to a 32-byte buffer. */
 PA_INLINE void pack_f32(void *out, __m256 x) { _mm256_storeu_ps(out, x); }
@@ -28,7 +28,7 @@ PA_INLINE void pack_f16(void *out, __m256 x) {
 }
 PA_INLINE void pack_bf16(void *out, __m256 x) { _mm_storeu_si128(out, pa256_to_bf16(x)); }
 
-#define PA_DEFINE_STORE_ROW(name, elem_t, pack)                                           \
+#define PA_DEFINE_STORE_ROW(name, encode, elem_t, pack)                                   \
   static void name(void *dst, const float *src, size_t n, float factor) {                 \
     elem_t *out = dst; /* NOLINT(bugprone-macro-parentheses): a type */                   \
     __m256 f = _mm256_set1_ps(factor);                                                    \
@@ -40,16 +40,16 @@ PA_INLINE void pack_bf16(void *out, __m256 x) { _mm_storeu_si128(out, pa256_to_b
       memcpy(out + i, packed, (n - i) * sizeof(elem_t));                                  \
     }                                                                                     \
   }                                                                                       \
-  static void name##_encode(void *dst, const float *src, size_t n, float scale) {         \
+  static void encode(void *dst, const float *src, size_t n, float scale) {                \
     (void)scale;                                                                          \
     name(dst, src, n, 1.0f);                                                              \
   }
 
-PA_DEFINE_STORE_ROW(store_f32, float, pack_f32)
-PA_DEFINE_STORE_ROW(store_f16, uint16_t, pack_f16)
-PA_DEFINE_STORE_ROW(store_bf16, uint16_t, pack_bf16)
+PA_DEFINE_STORE_ROW(pa_store_row_f32_avx2, pa_encode_row_f32_avx2, float, pack_f32)
+PA_DEFINE_STORE_ROW(pa_store_row_f16_avx2, pa_encode_row_f16_avx2, uint16_t, pack_f16)
+PA_DEFINE_STORE_ROW(pa_store_row_bf16_avx2, pa_encode_row_bf16_avx2, uint16_t, pack_bf16)
 
-static void axpy(float *y, const float *x, size_t n, float a) {
+static void pa_axpy_avx2(float *y, const float *x, size_t n, float a) {
   __m256 factor = _mm256_set1_ps(a);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -62,15 +62,4 @@ static void axpy(float *y, const float *x, size_t n, float a) {
   }
 }
 
-void pa_convert_kernels_avx2(pa_kernels *k) {
-  k->axpy = axpy;
-  k->load_row[PA_F32] = load_f32;
-  k->load_row[PA_F16] = load_f16;
-  k->load_row[PA_BF16] = load_bf16;
-  k->store_row[PA_F32] = store_f32;
-  k->store_row[PA_F16] = store_f16;
-  k->store_row[PA_BF16] = store_bf16;
-  k->encode_row[PA_F32] = store_f32_encode;
-  k->encode_row[PA_F16] = store_f16_encode;
-  k->encode_row[PA_BF16] = store_bf16_encode;
-}
+void pa_convert_kernels_avx2(pa_kernels *k) { PA_SET_ROW_KERNELS(k, avx2); }

@@ -14,9 +14,9 @@
     }                                                                       \
   }
 
-PA_DEFINE_LOAD_ROW(load_f32, float, pa512_load_f32)
-PA_DEFINE_LOAD_ROW(load_f16, uint16_t, pa512_load_f16)
-PA_DEFINE_LOAD_ROW(load_bf16, uint16_t, pa512_load_bf16)
+PA_DEFINE_LOAD_ROW(pa_load_row_f32_avx512, float, pa512_load_f32)
+PA_DEFINE_LOAD_ROW(pa_load_row_f16_avx512, uint16_t, pa512_load_f16)
+PA_DEFINE_LOAD_ROW(pa_load_row_bf16_avx512, uint16_t, pa512_load_bf16)
 
 PA_INLINE void store_f32_lanes(void *out, __mmask16 m, __m512 x) {
   _mm512_mask_storeu_ps(out, m, x);
@@ -29,25 +29,25 @@ PA_INLINE void store_bf16_lanes(void *out, __mmask16 m, __m512 x) {
   _mm256_mask_storeu_epi16(out, m, pa512_to_bf16(x));
 }
 
-#define PA_DEFINE_STORE_ROW(name, elem_t, store)                                  \
-  static void name(void *dst, const float *src, size_t n, float factor) {         \
-    elem_t *out = dst; /* NOLINT(bugprone-macro-parentheses): a type */           \
-    __m512 f = _mm512_set1_ps(factor);                                            \
-    for (size_t i = 0; i < n; i += 16) {                                          \
-      __mmask16 m = pa512_tail_mask(n - i);                                       \
-      store(out + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), f));     \
-    }                                                                             \
-  }                                                                               \
-  static void name##_encode(void *dst, const float *src, size_t n, float scale) { \
-    (void)scale;                                                                  \
-    name(dst, src, n, 1.0f);                                                      \
+#define PA_DEFINE_STORE_ROW(name, encode, elem_t, store)                      \
+  static void name(void *dst, const float *src, size_t n, float factor) {     \
+    elem_t *out = dst; /* NOLINT(bugprone-macro-parentheses): a type */       \
+    __m512 f = _mm512_set1_ps(factor);                                        \
+    for (size_t i = 0; i < n; i += 16) {                                      \
+      __mmask16 m = pa512_tail_mask(n - i);                                   \
+      store(out + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), f)); \
+    }                                                                         \
+  }                                                                           \
+  static void encode(void *dst, const float *src, size_t n, float scale) {    \
+    (void)scale;                                                              \
+    name(dst, src, n, 1.0f);                                                  \
   }
 
-PA_DEFINE_STORE_ROW(store_f32, float, store_f32_lanes)
-PA_DEFINE_STORE_ROW(store_f16, uint16_t, store_f16_lanes)
-PA_DEFINE_STORE_ROW(store_bf16, uint16_t, store_bf16_lanes)
+PA_DEFINE_STORE_ROW(pa_store_row_f32_avx512, pa_encode_row_f32_avx512, float, store_f32_lanes)
+PA_DEFINE_STORE_ROW(pa_store_row_f16_avx512, pa_encode_row_f16_avx512, uint16_t, store_f16_lanes)
+PA_DEFINE_STORE_ROW(pa_store_row_bf16_avx512, pa_encode_row_bf16_avx512, uint16_t, store_bf16_lanes)
 
-static void axpy(float *y, const float *x, size_t n, float a) {
+static void pa_axpy_avx512(float *y, const float *x, size_t n, float a) {
   __m512 factor = _mm512_set1_ps(a);
   for (size_t i = 0; i < n; i += 16) {
     __mmask16 m = pa512_tail_mask(n - i);
@@ -56,15 +56,4 @@ static void axpy(float *y, const float *x, size_t n, float a) {
   }
 }
 
-void pa_convert_kernels_avx512(pa_kernels *k) {
-  k->axpy = axpy;
-  k->load_row[PA_F32] = load_f32;
-  k->load_row[PA_F16] = load_f16;
-  k->load_row[PA_BF16] = load_bf16;
-  k->store_row[PA_F32] = store_f32;
-  k->store_row[PA_F16] = store_f16;
-  k->store_row[PA_BF16] = store_bf16;
-  k->encode_row[PA_F32] = store_f32_encode;
-  k->encode_row[PA_F16] = store_f16_encode;
-  k->encode_row[PA_BF16] = store_bf16_encode;
-}
+void pa_convert_kernels_avx512(pa_kernels *k) { PA_SET_ROW_KERNELS(k, avx512); }

@@ -6,7 +6,13 @@
  *
  * Conventions: counts are size_t; leading dimensions (ld*) are in elements;
  * K and V rows are given as one pointer per key, which serves the paged
- * cache (rows scattered over blocks) and dense K/V (one strided run) alike. */
+ * cache (rows scattered over blocks) and dense K/V (one strided run) alike.
+ *
+ * Names: every kernel that a table holds is named pa_<operation>_<dtypes>_
+ * <isa>, static or not, so that a profile tells them apart: e.g.
+ * pa_qk_f32_bf16_avx512 (Q K^T, Q in f32 over a bf16 cache, AVX-512),
+ * pa_pv_packed_bf16_amx, pa_pack_k_e4m3_avx512bf16, pa_softmax_avx2,
+ * pa_store_row_f16_scalar. */
 #ifndef PA_KERNELS_H
 #define PA_KERNELS_H
 
@@ -183,15 +189,32 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
   return rescale ? rescale + i : NULL;
 }
 
-/* Fills table[dtype] with the five functions prefix_f32 .. prefix_e5m2 of a
+/* The row kernels of a family: pa_axpy_<isa> and the load, store and
+ * encode rows of the three activation dtypes (FP8 encoding is the scalar
+ * family's alone). */
+#define PA_SET_ROW_KERNELS(k, isa)                       \
+  do {                                                   \
+    (k)->axpy = pa_axpy_##isa;                           \
+    (k)->load_row[PA_F32] = pa_load_row_f32_##isa;       \
+    (k)->load_row[PA_F16] = pa_load_row_f16_##isa;       \
+    (k)->load_row[PA_BF16] = pa_load_row_bf16_##isa;     \
+    (k)->store_row[PA_F32] = pa_store_row_f32_##isa;     \
+    (k)->store_row[PA_F16] = pa_store_row_f16_##isa;     \
+    (k)->store_row[PA_BF16] = pa_store_row_bf16_##isa;   \
+    (k)->encode_row[PA_F32] = pa_encode_row_f32_##isa;   \
+    (k)->encode_row[PA_F16] = pa_encode_row_f16_##isa;   \
+    (k)->encode_row[PA_BF16] = pa_encode_row_bf16_##isa; \
+  } while (0)
+
+/* Fills table[dtype] with the five functions prefix_f32_isa .. prefix_e5m2_isa of a
  * registration function's file. */
-#define PA_SET_PER_DTYPE(table, prefix)   \
-  do {                                    \
-    (table)[PA_F32] = prefix##_f32;       \
-    (table)[PA_F16] = prefix##_f16;       \
-    (table)[PA_BF16] = prefix##_bf16;     \
-    (table)[PA_FP8_E4M3] = prefix##_e4m3; \
-    (table)[PA_FP8_E5M2] = prefix##_e5m2; \
+#define PA_SET_PER_DTYPE(table, prefix, isa)    \
+  do {                                          \
+    (table)[PA_F32] = prefix##_f32_##isa;       \
+    (table)[PA_F16] = prefix##_f16_##isa;       \
+    (table)[PA_BF16] = prefix##_bf16_##isa;     \
+    (table)[PA_FP8_E4M3] = prefix##_e4m3_##isa; \
+    (table)[PA_FP8_E5M2] = prefix##_e5m2_##isa; \
   } while (0)
 
 /* Runs `body` with `width` (a size_t) equal to the head size d, as a

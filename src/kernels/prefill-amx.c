@@ -89,8 +89,9 @@ static void qk_block_1x1(size_t d, const uint16_t *q, size_t ldq, const uint32_t
 
 /* Columns past n up to a multiple of 16 are written (zeros' products: the
  * K^T tile holds zeros there up to a multiple of 64). */
-static void qk_packed_amx(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
-                          const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch) {
+static void pa_qk_packed_bf16_amx(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                                  const void *k_packed, float *s, size_t lds,
+                                  pa_prefetch *prefetch) {
   const uint16_t *q = q_rows;
   const uint32_t *kt = k_packed;
   if (d % PA_TILE_STEP) {
@@ -171,9 +172,9 @@ static void pv_block_1x1(size_t keys, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
   _tile_stored(PA_C00, o, ldo * 4);
 }
 
-static void pv_packed_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                          const void *v_packed, float *o, size_t ldo, const float *rescale,
-                          pa_prefetch *prefetch) {
+static void pa_pv_packed_bf16_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                  const void *v_packed, float *o, size_t ldo, const float *rescale,
+                                  pa_prefetch *prefetch) {
   const uint32_t *v = v_packed;
   if (d % PA_TILE_STEP) {
     pa_pv_packed_bf16_avx512bf16(m, n, d, p, ldp, v_packed, o, ldo, rescale, prefetch);
@@ -213,10 +214,10 @@ static void zero_pairs_after(void *dst, size_t n, size_t d) {
   if (end > first) memset((uint32_t *)dst + first * ldv, 0, (end - first) * ldv * 4);
 }
 
-#define PA_DEFINE_PACK_V(suffix)                                                            \
-  static void pack_v_amx_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
-    pa_pack_v_##suffix##_avx512bf16(dst, rows, n, d);                                       \
-    zero_pairs_after(dst, n, d);                                                            \
+#define PA_DEFINE_PACK_V(suffix)                                                                 \
+  static void pa_pack_v_##suffix##_amx(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pa_pack_v_##suffix##_avx512bf16(dst, rows, n, d);                                            \
+    zero_pairs_after(dst, n, d);                                                                 \
   }
 
 PA_DEFINE_PACK_V(bf16)
@@ -226,15 +227,15 @@ PA_DEFINE_PACK_V(e5m2)
 /* Over the AVX512-BF16 registration: the bf16-activation pairs whose packed
  * kernels use the bf16 pair layouts get the tiles for their products. */
 void pa_prefill_kernels_amx(pa_kernels *k) {
-  static const pa_pack_fn pack_v[PA_NUM_DTYPES] = {[PA_BF16] = pack_v_amx_bf16,
-                                                   [PA_FP8_E4M3] = pack_v_amx_e4m3,
-                                                   [PA_FP8_E5M2] = pack_v_amx_e5m2};
+  static const pa_pack_fn pack_v[PA_NUM_DTYPES] = {[PA_BF16] = pa_pack_v_bf16_amx,
+                                                   [PA_FP8_E4M3] = pa_pack_v_e4m3_amx,
+                                                   [PA_FP8_E5M2] = pa_pack_v_e5m2_amx};
   for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
     if (!pack_v[cache]) continue;
     pa_attn_ops *ops = &k->attn[PA_BF16][cache];
     ops->pack_v = pack_v[cache];
-    ops->qk_packed = qk_packed_amx;
-    ops->pv_packed = pv_packed_amx;
+    ops->qk_packed = pa_qk_packed_bf16_amx;
+    ops->pv_packed = pa_pv_packed_bf16_amx;
     /* Requests for the next tile cost more issue time than they save here
      * (docs/xeon-amx.md); the tiles' reads are in order within a block. */
     ops->packed_unprefetched = 1;

@@ -29,7 +29,8 @@ PA_INLINE void transpose8(__m256 r[8]) {
 PA_INLINE void pack_k(pa256_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
                       size_t d) {
   float *kt = dst;
-  for (size_t j0 = 0; j0 < (n + 63) / 64 * 64; j0 += 8) { /* the columns qk_packed reads */
+  for (size_t j0 = 0; j0 < (n + 63) / 64 * 64;
+       j0 += 8) { /* the columns pa_qk_packed_f32_avx2 reads */
     for (size_t e0 = 0; e0 < d; e0 += 8) {
       size_t count = d - e0 < 8 ? d - e0 : 8;
       __m256 block[8];
@@ -57,12 +58,12 @@ PA_INLINE void pack_v(pa256_loader load, size_t elem, void *dst, const void *con
   }
 }
 
-#define PA_DEFINE_PACK(suffix, loader, elem)                                            \
-  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
-    pack_k(loader, elem, dst, rows, n, d);                                              \
-  }                                                                                     \
-  static void pack_v_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
-    pack_v(loader, elem, dst, rows, n, d);                                              \
+#define PA_DEFINE_PACK(suffix, loader, elem)                                                      \
+  static void pa_pack_k_##suffix##_avx2(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_k(loader, elem, dst, rows, n, d);                                                        \
+  }                                                                                               \
+  static void pa_pack_v_##suffix##_avx2(void *dst, const void *const *rows, size_t n, size_t d) { \
+    pack_v(loader, elem, dst, rows, n, d);                                                        \
   }
 
 PA_DEFINE_PACK(f32, pa256_load_f32, 4)
@@ -98,8 +99,9 @@ PA_INLINE void qk_block(const int rows, size_t d, const float *q, size_t ldq, co
   }
 }
 
-static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
-                      const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch) {
+static void pa_qk_packed_f32_avx2(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                                  const void *k_packed, float *s, size_t lds,
+                                  pa_prefetch *prefetch) {
   const float *q = q_rows, *kt = k_packed;
   /* The requests are spread over the row x key products written. */
   size_t keys = (n + 63) / 64 * 64;
@@ -154,9 +156,9 @@ PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const flo
   }
 }
 
-static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo, const float *rescale,
-                      pa_prefetch *prefetch) {
+static void pa_pv_packed_f32_avx2(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                  const void *v_packed, float *o, size_t ldo, const float *rescale,
+                                  pa_prefetch *prefetch) {
   const float *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
   /* The requests are spread over the row x column products. */
@@ -172,10 +174,10 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
 }
 
 void pa_prefill_kernels_avx2(pa_kernels *k) {
-  PA_SET_PER_DTYPE(k->pack_k, pack_k);
-  PA_SET_PER_DTYPE(k->pack_v, pack_v);
-  k->qk_packed = qk_packed;
-  k->pv_packed = pv_packed;
+  PA_SET_PER_DTYPE(k->pack_k, pa_pack_k, avx2);
+  PA_SET_PER_DTYPE(k->pack_v, pa_pack_v, avx2);
+  k->qk_packed = pa_qk_packed_f32_avx2;
+  k->pv_packed = pa_pv_packed_f32_avx2;
   /* The direct kernels stay ahead up to 64 rows per KV head at least
    * (docs/code-figures.md, packed_min_rows); a prompt's items have 128. */
   k->packed_min_rows = 128;

@@ -14,7 +14,8 @@ typedef __m512 (*pa512_loader)(const void *, __mmask16);
 PA_INLINE void pack_k(pa512_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
                       size_t d) {
   float *kt = dst;
-  for (size_t j0 = 0; j0 < (n + 63) / 64 * 64; j0 += 16) { /* the columns qk_packed reads */
+  for (size_t j0 = 0; j0 < (n + 63) / 64 * 64;
+       j0 += 16) { /* the columns pa_qk_packed_f32_avx512 reads */
     for (size_t e0 = 0; e0 < d; e0 += 16) {
       __mmask16 m = pa512_tail_mask(d - e0);
       __m512 block[16];
@@ -42,10 +43,12 @@ PA_INLINE void pack_v(pa512_loader load, size_t elem, void *dst, const void *con
 }
 
 #define PA_DEFINE_PACK(suffix, loader, elem)                                            \
-  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+  static void pa_pack_k_##suffix##_avx512(void *dst, const void *const *rows, size_t n, \
+                                          size_t d) {                                   \
     pack_k(loader, elem, dst, rows, n, d);                                              \
   }                                                                                     \
-  static void pack_v_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+  static void pa_pack_v_##suffix##_avx512(void *dst, const void *const *rows, size_t n, \
+                                          size_t d) {                                   \
     pack_v(loader, elem, dst, rows, n, d);                                              \
   }
 
@@ -83,8 +86,9 @@ PA_INLINE void qk_block(const int rows, size_t keys, size_t d, const float *q, s
   }
 }
 
-static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
-                      const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch) {
+static void pa_qk_packed_f32_avx512(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                                    const void *k_packed, float *s, size_t lds,
+                                    pa_prefetch *prefetch) {
   const float *q = q_rows, *kt = k_packed;
   /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. The requests are
    * spread over the row x key products. */
@@ -136,9 +140,9 @@ PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const flo
   }
 }
 
-static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo, const float *rescale,
-                      pa_prefetch *prefetch) {
+static void pa_pv_packed_f32_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                    const void *v_packed, float *o, size_t ldo,
+                                    const float *rescale, pa_prefetch *prefetch) {
   const float *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
   /* The requests are spread over the row x column products. */
@@ -152,10 +156,10 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
 }
 
 void pa_prefill_kernels_avx512(pa_kernels *k) {
-  PA_SET_PER_DTYPE(k->pack_k, pack_k);
-  PA_SET_PER_DTYPE(k->pack_v, pack_v);
-  k->qk_packed = qk_packed;
-  k->pv_packed = pv_packed;
+  PA_SET_PER_DTYPE(k->pack_k, pa_pack_k, avx512);
+  PA_SET_PER_DTYPE(k->pack_v, pa_pack_v, avx512);
+  k->qk_packed = pa_qk_packed_f32_avx512;
+  k->pv_packed = pa_pv_packed_f32_avx512;
   /* The packed kernels overtake the direct ones between 16 and 64 rows per
    * KV head (docs/code-figures.md, packed_min_rows). */
   k->packed_min_rows = 64;

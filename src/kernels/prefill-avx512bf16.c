@@ -58,7 +58,8 @@ PA_INLINE void pack_v_pairs(pa_bf16_loader load, size_t elem, const uint16_t *ta
 }
 
 #define PA_DEFINE_PACK(suffix, loader, elem, table)                                              \
-  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) {          \
+  static void pa_pack_k_##suffix##_avx512bf16(void *dst, const void *const *rows, size_t n,      \
+                                              size_t d) {                                        \
     pack_k_pairs(loader, elem, table, dst, rows, n, d);                                          \
   }                                                                                              \
   void pa_pack_v_##suffix##_avx512bf16(void *dst, const void *const *rows, size_t n, size_t d) { \
@@ -205,8 +206,9 @@ void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, 
  * kernels (the FMA path, for CPUs whose dot products are slow and that have no tiles). */
 void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
   pa_bf16_tables_init();
-  static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {
-      [PA_BF16] = pack_k_bf16, [PA_FP8_E4M3] = pack_k_e4m3, [PA_FP8_E5M2] = pack_k_e5m2};
+  static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {[PA_BF16] = pa_pack_k_bf16_avx512bf16,
+                                                   [PA_FP8_E4M3] = pa_pack_k_e4m3_avx512bf16,
+                                                   [PA_FP8_E5M2] = pa_pack_k_e5m2_avx512bf16};
   static const pa_pack_fn pack_v[PA_NUM_DTYPES] = {[PA_BF16] = pa_pack_v_bf16_avx512bf16,
                                                    [PA_FP8_E4M3] = pa_pack_v_e4m3_avx512bf16,
                                                    [PA_FP8_E5M2] = pa_pack_v_e5m2_avx512bf16};

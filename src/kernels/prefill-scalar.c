@@ -24,10 +24,12 @@ static void pack_v(pa_dtype dtype, void *dst, const void *const *rows, size_t n,
 }
 
 #define PA_DEFINE_PACK(suffix, dtype)                                                   \
-  static void pack_k_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+  static void pa_pack_k_##suffix##_scalar(void *dst, const void *const *rows, size_t n, \
+                                          size_t d) {                                   \
     pack_k(dtype, dst, rows, n, d);                                                     \
   }                                                                                     \
-  static void pack_v_##suffix(void *dst, const void *const *rows, size_t n, size_t d) { \
+  static void pa_pack_v_##suffix##_scalar(void *dst, const void *const *rows, size_t n, \
+                                          size_t d) {                                   \
     pack_v(dtype, dst, rows, n, d);                                                     \
   }
 
@@ -38,8 +40,9 @@ PA_DEFINE_PACK(e4m3, PA_FP8_E4M3)
 PA_DEFINE_PACK(e5m2, PA_FP8_E5M2)
 
 /* The scalar kernels leave prefetching to the hardware. */
-static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
-                      const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch) {
+static void pa_qk_packed_f32_scalar(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
+                                    const void *k_packed, float *s, size_t lds,
+                                    pa_prefetch *prefetch) {
   const float *q = q_rows, *kt = k_packed;
   (void)n;
   (void)prefetch;
@@ -52,9 +55,9 @@ static void qk_packed(size_t m, size_t n, size_t d, const void *q_rows, size_t l
   }
 }
 
-static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                      const void *v_packed, float *o, size_t ldo, const float *rescale,
-                      pa_prefetch *prefetch) {
+static void pa_pv_packed_f32_scalar(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                    const void *v_packed, float *o, size_t ldo,
+                                    const float *rescale, pa_prefetch *prefetch) {
   const float *v = v_packed;
   (void)prefetch;
   pa_rescale_rows_scalar(m, d, o, ldo, rescale);
@@ -68,9 +71,9 @@ static void pv_packed(size_t m, size_t n, size_t d, const float *p, size_t ldp,
 }
 
 void pa_prefill_kernels_scalar(pa_kernels *k) {
-  PA_SET_PER_DTYPE(k->pack_k, pack_k);
-  PA_SET_PER_DTYPE(k->pack_v, pack_v);
-  k->qk_packed = qk_packed;
-  k->pv_packed = pv_packed;
+  PA_SET_PER_DTYPE(k->pack_k, pa_pack_k, scalar);
+  PA_SET_PER_DTYPE(k->pack_v, pa_pack_v, scalar);
+  k->qk_packed = pa_qk_packed_f32_scalar;
+  k->pv_packed = pa_pv_packed_f32_scalar;
   k->packed_min_rows = 64; /* as the AVX-512 f32 kernels */
 }
