@@ -696,5 +696,10 @@ int main(int argc, char **argv) {
     test_family((pa_isa)isa, 1, &scalar, &rng);
     if (isa >= PA_ISA_AVX512BF16) test_family((pa_isa)isa, 0, &scalar, &rng);
   }
+  for (int isa = (int)best + 1; isa < PA_NUM_ISAS; isa++) {
+    printf("test_kernels: %s family not checked: this CPU%s does not provide it\n",
+           pa_isa_name((pa_isa)isa),
+           isa == PA_ISA_AMX ? " (or the OS, which grants the tiles)" : "");
+  }
   return tu_finish("test_kernels");
 }
