@@ -152,7 +152,8 @@ static pa_status push_sequence(pa_plan *plan, const pa_plan_request *r, int s, i
  * a thread idle), as long as each item keeps enough work to pay for its
  * hand-off. */
 static int decode_kv_per_item(const pa_plan_request *r, int fit, int64_t keys, int sequences) {
-  int per_thread = PA_MAX(1, (r->num_kv_heads * sequences + r->num_threads - 1) / r->num_threads);
+  int64_t threads = PA_MAX(r->num_threads, 1); /* 64-bit: heads x sequences may pass INT_MAX */
+  int64_t per_thread = PA_MAX(((int64_t)r->num_kv_heads * sequences + threads - 1) / threads, 1);
   int kv_per_item = fit;
   while (kv_per_item > per_thread &&
          keys * ((kv_per_item + 1) / 2) * r->head_size >= PA_MIN_HEAD_SHARE_WORK) {
