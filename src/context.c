@@ -23,34 +23,20 @@ static int online_cpus(void) {
   return n < 1 ? 1 : (n > PA_MAX_THREADS ? PA_MAX_THREADS : (int)n);
 }
 
-/* PA_BF16_DOT: "on" or "off" forces the bf16 dot products or the FMA
- * units for bf16 caches, "auto" (or nothing) lets the measurement choose. */
-static pa_status choose_bf16_dot(int *dot, const char *caller) {
-  const char *force = getenv("PA_BF16_DOT");
+/* A two-way choice read from environment variable `var`: `yes` or `no`
+ * forces it, "auto" (or nothing) leaves it to `automatic` (what the CPU is
+ * or a measurement of it). */
+static pa_status choose_switch(const char *var, const char *yes, const char *no,
+                               int (*automatic)(void), int *out, const char *caller) {
+  const char *force = getenv(var);
   if (!force || !*force || strcmp(force, "auto") == 0) {
-    *dot = pa_bf16_dot_is_fast();
-  } else if (strcmp(force, "on") == 0 || strcmp(force, "off") == 0) {
-    *dot = force[1] == 'n';
+    *out = automatic();
+  } else if (strcmp(force, yes) == 0 || strcmp(force, no) == 0) {
+    *out = strcmp(force, yes) == 0;
   } else {
     return pa_fail(PA_ERR_INVALID_ARGUMENT,
-                   "%s: environment variable PA_BF16_DOT = \"%s\" is not on, off or auto", caller,
-                   force);
-  }
-  return PA_OK;
-}
-
-/* PA_PREFETCH: "l1" or "l2" forces where the next tile's K/V are
- * requested, "auto" (or nothing) lets the CPU's model choose. */
-static pa_status choose_prefetch(int *to_l2, const char *caller) {
-  const char *force = getenv("PA_PREFETCH");
-  if (!force || !*force || strcmp(force, "auto") == 0) {
-    *to_l2 = pa_prefetch_to_l2_suits();
-  } else if (strcmp(force, "l1") == 0 || strcmp(force, "l2") == 0) {
-    *to_l2 = force[1] == '2';
-  } else {
-    return pa_fail(PA_ERR_INVALID_ARGUMENT,
-                   "%s: environment variable PA_PREFETCH = \"%s\" is not l1, l2 or auto", caller,
-                   force);
+                   "%s: environment variable %s = \"%s\" is not %s, %s or auto", caller, var, force,
+                   yes, no);
   }
   return PA_OK;
 }
@@ -80,8 +66,14 @@ static pa_status create_context(int num_threads, pa_team_fn run, void *team, con
   pa_isa isa;
   int bf16_dot = 0, prefetch_to_l2 = 0;
   pa_status status = choose_isa(&isa, caller);
-  if (status == PA_OK) status = choose_bf16_dot(&bf16_dot, caller);
-  if (status == PA_OK) status = choose_prefetch(&prefetch_to_l2, caller);
+  /* PA_BF16_DOT: bf16 caches' products on the dot products or the FMA
+   * units; PA_PREFETCH: the next tile's K/V requested into L2 or L1. */
+  if (status == PA_OK)
+    status = choose_switch("PA_BF16_DOT", "on", "off", pa_bf16_dot_is_fast, &bf16_dot, caller);
+  if (status == PA_OK) {
+    status =
+        choose_switch("PA_PREFETCH", "l2", "l1", pa_prefetch_to_l2_suits, &prefetch_to_l2, caller);
+  }
   if (status != PA_OK) return status;
 
   pa_context *ctx = calloc(1, sizeof *ctx);
