@@ -240,6 +240,23 @@ static const void **head_rows(const pa_attention_call *c, const void **rows, siz
   return spare;
 }
 
+/* Rows per call of the packed kernels on a tile that some rows see only in
+ * part (the causal diagonal): each group of whole query tokens takes only
+ * the keys its rows see, so the masked keys past the group are not
+ * computed; groups of 8 register blocks of 6 rows keep the blocks full
+ * (docs/code-figures.md, PA_PARTIAL_TILE_ROWS). */
+enum { PA_PARTIAL_TILE_ROWS = 48 };
+
+/* The keys of [first, first + n) that rows [r0, r0 + m) see some of: a
+ * prefix of the tile, empty when none of them sees any. */
+static size_t seen_prefix(const pa_item_scratch *s, size_t r0, size_t m, int64_t first, size_t n) {
+  int64_t hi = first;
+  for (size_t i = r0; i < r0 + m; i++) {
+    if (s->key_hi[i] > s->key_lo[i]) hi = PA_MAX(hi, (int64_t)s->key_hi[i]);
+  }
+  return (size_t)PA_MIN(hi - first, (int64_t)n);
+}
+
 /* Packed (many rows per head): each head's tile is packed once and used by
  * all its rows. Kept out of attend_tile, the decode loop, so that changes
  * here leave that loop's code as it is. */
@@ -252,19 +269,26 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
   size_t d = (size_t)c->layer->head_size, tile = (size_t)c->plan->key_tile;
   size_t kv_count = (size_t)(item->kv_end - item->kv_begin);
   size_t m_kv = pa_item_rows(item) / kv_count, ldq = q_stride(d);
+  size_t heads = (size_t)(item->head_end - item->head_begin) / kv_count;
+  size_t group = all_visible ? m_kv : PA_MAX(PA_PARTIAL_TILE_ROWS / heads, 1) * heads;
   pa_prefetch *requests = c->ops->packed_unprefetched ? NULL : ahead;
   for (size_t kv = 0; kv < kv_count; kv++) {
-    size_t r0 = kv * m_kv;
-    const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
-    float *scores = s->s + r0 * tile;
     c->ops->pack_k(s->k_packed, head_rows(c, k_rows, n, kv, spare[kv & 1][0]), n, d);
     c->ops->pack_v(s->v_packed, head_rows(c, v_rows, n, kv, spare[kv & 1][1]), n, d);
-    pa_prefetch_begin(ahead, budget);
-    c->ops->qk_packed(m_kv, n, d, q, ldq, s->k_packed, scores, tile, requests);
-    softmax_rows(c, s, first, n, r0, m_kv, all_visible);
-    pa_prefetch_begin(ahead, budget);
-    c->ops->pv_packed(m_kv, n, d, scores, tile, s->v_packed, s->o + r0 * s->ldo, s->ldo,
-                      s->rescale + r0, requests);
+    for (size_t g0 = 0; g0 < m_kv; g0 += group) {
+      size_t r0 = kv * m_kv + g0, m = PA_MIN(group, m_kv - g0);
+      size_t keys = all_visible ? n : seen_prefix(s, r0, m, first, n);
+      if (keys == 0) continue; /* the online softmax over no keys changes nothing */
+      size_t share = (budget * m + m_kv - 1) / m_kv;
+      const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
+      float *scores = s->s + r0 * tile;
+      pa_prefetch_begin(ahead, share);
+      c->ops->qk_packed(m, keys, d, q, ldq, s->k_packed, scores, tile, requests);
+      softmax_rows(c, s, first, keys, r0, m, all_visible);
+      pa_prefetch_begin(ahead, share);
+      c->ops->pv_packed(m, keys, d, scores, tile, s->v_packed, s->o + r0 * s->ldo, s->ldo,
+                        s->rescale + r0, requests);
+    }
   }
 }
 

@@ -113,7 +113,8 @@ static inline size_t pa_packed_bytes(size_t d) {
 /* Packs rows[0..n) (n <= PA_PACK_KEYS rows of d cache-dtype elements). */
 typedef void (*pa_pack_fn)(void *dst, const void *const *rows, size_t n, size_t d);
 /* S[i][j] = dot(Q[i], K[j]) over a packed K tile (columns up to n rounded up
- * to 64 are written; those past n hold zeros' dot products). Like the
+ * to the family's block of keys, 16 or 64, are written; those past n hold
+ * zeros' dot products). Like the
  * direct kernels, these spend `prefetch` (NULL: nothing) over their loops. */
 typedef void (*pa_qk_packed_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                                 const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch);

@@ -58,31 +58,29 @@ PA_DEFINE_PACK(bf16, pa512_load_bf16, 2)
 PA_DEFINE_PACK(e4m3, pa512_load_e4m3, 1)
 PA_DEFINE_PACK(e5m2, pa512_load_e5m2, 1)
 
-/* rows x 64 scores: one broadcast of q per row and four K^T loads per e.
- * The block is units [first, first + rows * keys) of the call's `total`. */
-PA_INLINE void qk_block(const int rows, size_t keys, size_t d, const float *q, size_t ldq,
-                        const float *kt, float *s, size_t lds, pa_prefetch *prefetch, size_t first,
-                        size_t total) {
+/* rows x (16 cols) scores: one broadcast of q per row and `cols` K^T loads
+ * per e. The block is units [first, first + rows * keys) of the call's
+ * `total`. */
+PA_INLINE void qk_block(const int rows, const int cols, size_t keys, size_t d, const float *q,
+                        size_t ldq, const float *kt, float *s, size_t lds, pa_prefetch *prefetch,
+                        size_t first, size_t total) {
   pa_prefetch_span(prefetch, first, (size_t)rows * keys, total, pa_packed_steps(d));
   __m512 acc[6][4];
   for (int r = 0; r < rows; r++) {
-    for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < cols; c++) acc[r][c] = _mm512_setzero_ps();
   }
   for (size_t e = 0; e < d; e++) {
     pa_prefetch_packed(prefetch, e);
     const float *k = kt + e * PA_PACK_KEYS;
-    __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k + 16);
-    __m512 k2 = _mm512_loadu_ps(k + 32), k3 = _mm512_loadu_ps(k + 48);
+    __m512 kv[4];
+    for (int c = 0; c < cols; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
     for (int r = 0; r < rows; r++) {
       __m512 b = _mm512_set1_ps(q[r * ldq + e]);
-      acc[r][0] = _mm512_fmadd_ps(b, k0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(b, k1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(b, k2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(b, k3, acc[r][3]);
+      for (int c = 0; c < cols; c++) acc[r][c] = _mm512_fmadd_ps(b, kv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < rows; r++) {
-    for (int c = 0; c < 4; c++) _mm512_storeu_ps(s + r * lds + 16 * c, acc[r][c]);
+    for (int c = 0; c < cols; c++) _mm512_storeu_ps(s + r * lds + 16 * c, acc[r][c]);
   }
 }
 
@@ -90,23 +88,27 @@ static void pa_qk_packed_f32_avx512(size_t m, size_t n, size_t d, const void *q_
                                     const void *k_packed, float *s, size_t lds,
                                     pa_prefetch *prefetch) {
   const float *q = q_rows, *kt = k_packed;
-  /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. The requests are
-   * spread over the row x key products. */
+  /* 64 keys at a time, the last block in as many 16-key columns as it
+   * needs (a causal diagonal ends anywhere); K^T rows are PA_PACK_KEYS
+   * apart. The requests are spread over the row x key products. */
   for (size_t k0 = 0; k0 < n; k0 += 64) {
     size_t keys = PA_MIN(n - k0, 64);
-#define QK_BLOCK(rows, i)                                                             \
-  qk_block(rows, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
+#define QK_BLOCK(rows, i)                                                                   \
+  qk_block(rows, cols, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
            k0 * m + (i)*keys, m * n)
-    PA_PACKED_ROW_BLOCKS(m, QK_BLOCK);
+    PA_FOR_KEY_COLUMNS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
 #undef QK_BLOCK
   }
 }
 
 /* rows x 64 columns of O, kept in registers over the tile's keys. The
- * block is units [first, first + rows * columns) of the call's `total`. */
-PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const float *p, size_t ldp,
-                        const float *v, size_t ldv, float *o, size_t ldo, const float *rescale,
-                        pa_prefetch *prefetch, size_t first, size_t total) {
+ * block is units [first, first + rows * columns) of the call's `total`.
+ * `full`: columns [c0, c0 + 64) are all below d, so the offsets and masks
+ * are constants (docs/code-figures.md, pv_packed_block). */
+PA_INLINE void pv_block(const int rows, const int full, size_t n, size_t c0, size_t d,
+                        const float *p, size_t ldp, const float *v, size_t ldv, float *o,
+                        size_t ldo, const float *rescale, pa_prefetch *prefetch, size_t first,
+                        size_t total) {
   pa_prefetch_span(prefetch, first, (size_t)rows * PA_MIN(d - c0, 64), total, pa_packed_steps(n));
   /* Packed V rows are padded to 16 columns, so full loads are safe up to d;
    * a chunk past d reloads the first one and its sums are never stored. */
@@ -115,15 +117,15 @@ PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const flo
   __m512 acc[6][4];
   for (int c = 0; c < 4; c++) {
     size_t col = c0 + 16 * (size_t)c;
-    mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
-    off[c] = col < d ? 16 * (size_t)c : 0;
+    mask[c] = full ? 0xffff : col < d ? pa512_tail_mask(d - col) : 0;
+    off[c] = full || col < d ? 16 * (size_t)c : 0;
     for (int r = 0; r < rows; r++)
-      acc[r][c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
-                               pa512_row_scale(rescale, r));
+      acc[r][c] =
+          pa512_scaled(pa512_load_f32(o + r * ldo + col, mask[c]), pa512_row_scale(rescale, r));
   }
-  for (size_t j = 0; j < n; j++) {
+  const float *vj = v + c0;
+  for (size_t j = 0; j < n; j++, vj += ldv) {
     pa_prefetch_packed(prefetch, j);
-    const float *vj = v + j * ldv + c0;
     __m512 v0 = _mm512_loadu_ps(vj + off[0]), v1 = _mm512_loadu_ps(vj + off[1]);
     __m512 v2 = _mm512_loadu_ps(vj + off[2]), v3 = _mm512_loadu_ps(vj + off[3]);
     for (int r = 0; r < rows; r++) {
@@ -136,7 +138,13 @@ PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const flo
   }
   for (int c = 0; c < 4; c++) {
     size_t col = c0 + 16 * (size_t)c;
-    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r][c]);
+    for (int r = 0; r < rows; r++) {
+      if (full) {
+        _mm512_storeu_ps(o + r * ldo + col, acc[r][c]);
+      } else {
+        _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r][c]);
+      }
+    }
   }
 }
 
@@ -147,10 +155,16 @@ static void pa_pv_packed_f32_avx512(size_t m, size_t n, size_t d, const float *p
   size_t ldv = (d + 15) / 16 * 16;
   /* The requests are spread over the row x column products. */
   for (size_t c0 = 0; c0 < d; c0 += 64) {
-#define PV_BLOCK(rows, i)                                              \
-  pv_block(rows, n, c0, d, p + (i)*ldp, ldp, v, ldv, o + (i)*ldo, ldo, \
+#define PV_BLOCK(rows, i)                                                    \
+  pv_block(rows, full, n, c0, d, p + (i)*ldp, ldp, v, ldv, o + (i)*ldo, ldo, \
            pa_rescale_from(rescale, i), prefetch, c0 * m + (i)*PA_MIN(d - c0, 64), m * d)
-    PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
+    if (c0 + 64 <= d) {
+      const int full = 1;
+      PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
+    } else {
+      const int full = 0;
+      PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
+    }
 #undef PV_BLOCK
   }
 }

@@ -78,47 +78,45 @@ PA_INLINE uint32_t pair_at(const uint16_t *p) {
   return pair;
 }
 
-/* rows x 64 scores over the pairs [0, pairs) of Q's rows (element stride
- * ldq): one broadcast of row r's pair e, four K^T loads per step. The
- * block's loop counts its pairs from `counted` (for its requests). */
-PA_INLINE void qk_packed_pairs(const int rows, size_t pairs, const uint16_t *q, size_t ldq,
-                               const uint32_t *kt, __m512 acc[6][4], pa_prefetch *prefetch,
-                               size_t counted) {
+/* rows x (16 cols) scores over the pairs [0, pairs) of Q's rows (element
+ * stride ldq): one broadcast of row r's pair e, `cols` K^T loads per step.
+ * The block's loop counts its pairs from `counted` (for its requests). */
+PA_INLINE void qk_packed_pairs(const int rows, const int cols, size_t pairs, const uint16_t *q,
+                               size_t ldq, const uint32_t *kt, __m512 acc[6][4],
+                               pa_prefetch *prefetch, size_t counted) {
   for (size_t e = 0; e < pairs; e++) {
     pa_prefetch_packed(prefetch, counted + e);
     const uint32_t *k = kt + e * PA_PACK_KEYS;
-    __m512i k0 = _mm512_loadu_si512(k), k1 = _mm512_loadu_si512(k + 16);
-    __m512i k2 = _mm512_loadu_si512(k + 32), k3 = _mm512_loadu_si512(k + 48);
+    __m512i kv[4];
+    for (int c = 0; c < cols; c++) kv[c] = _mm512_loadu_si512(k + 16 * c);
     for (int r = 0; r < rows; r++) {
       __m512i b = _mm512_set1_epi32((int)pair_at(q + r * ldq + 2 * e));
-      acc[r][0] = dot(acc[r][0], b, k0);
-      acc[r][1] = dot(acc[r][1], b, k1);
-      acc[r][2] = dot(acc[r][2], b, k2);
-      acc[r][3] = dot(acc[r][3], b, k3);
+      for (int c = 0; c < cols; c++) acc[r][c] = dot(acc[r][c], b, kv[c]);
     }
   }
 }
 
 /* The block is units [first, first + rows * keys) of the call's `total`. */
-PA_INLINE void qk_packed_block(const int rows, size_t keys, size_t d, const uint16_t *q, size_t ldq,
-                               const uint32_t *kt, float *s, size_t lds, pa_prefetch *prefetch,
-                               size_t first, size_t total) {
+PA_INLINE void qk_packed_block(const int rows, const int cols, size_t keys, size_t d,
+                               const uint16_t *q, size_t ldq, const uint32_t *kt, float *s,
+                               size_t lds, pa_prefetch *prefetch, size_t first, size_t total) {
   pa_prefetch_span(prefetch, first, (size_t)rows * keys, total, pa_packed_steps((d + 1) / 2));
   __m512 acc[6][4];
   for (int r = 0; r < rows; r++) {
-    for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < cols; c++) acc[r][c] = _mm512_setzero_ps();
   }
-  qk_packed_pairs(rows, d / 2, q, ldq, kt, acc, prefetch, 0);
+  qk_packed_pairs(rows, cols, d / 2, q, ldq, kt, acc, prefetch, 0);
   if (d % 2) { /* an odd row's last element pairs with zero, not with what follows */
     uint16_t last[6][2];
     for (int r = 0; r < rows; r++) {
       last[r][0] = q[r * ldq + d - 1];
       last[r][1] = 0;
     }
-    qk_packed_pairs(rows, 1, &last[0][0], 2, kt + (d / 2) * PA_PACK_KEYS, acc, prefetch, d / 2);
+    qk_packed_pairs(rows, cols, 1, &last[0][0], 2, kt + (d / 2) * PA_PACK_KEYS, acc, prefetch,
+                    d / 2);
   }
   for (int r = 0; r < rows; r++) {
-    for (int c = 0; c < 4; c++) _mm512_storeu_ps(s + r * lds + 16 * c, acc[r][c]);
+    for (int c = 0; c < cols; c++) _mm512_storeu_ps(s + r * lds + 16 * c, acc[r][c]);
   }
 }
 
@@ -127,19 +125,23 @@ void pa_qk_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q_ro
                                   pa_prefetch *prefetch) {
   const uint16_t *q = q_rows;
   const uint32_t *kt = k_packed;
-  /* 64 keys at a time; K^T rows are PA_PACK_KEYS apart. The requests are
-   * spread over the row x key products. */
+  /* 64 keys at a time, the last block in as many 16-key columns as it
+   * needs; K^T rows are PA_PACK_KEYS apart. The requests are spread over
+   * the row x key products. */
   for (size_t k0 = 0; k0 < n; k0 += 64) {
     size_t keys = PA_MIN(n - k0, 64);
-#define QK_BLOCK(rows, i)                                                                    \
-  qk_packed_block(rows, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
+#define QK_BLOCK(rows, i)                                                                          \
+  qk_packed_block(rows, cols, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
                   k0 * m + (i)*keys, m * n)
-    PA_PACKED_ROW_BLOCKS(m, QK_BLOCK);
+    PA_FOR_KEY_COLUMNS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
 #undef QK_BLOCK
   }
 }
 
-PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
+/* `full`: columns [c0, c0 + 64) are all below d, so the block's offsets
+ * and masks are constants; the tail block of a head size that is not a
+ * multiple of 64 computes them (docs/code-figures.md, pv_packed_block). */
+PA_INLINE void pv_packed_block(const int rows, const int full, size_t n, size_t c0, size_t d,
                                const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const uint32_t *v,
                                size_t ldv, float *o, size_t ldo, const float *rescale,
                                pa_prefetch *prefetch) {
@@ -149,15 +151,15 @@ PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
   __m512 acc[6][4];
   for (int c = 0; c < 4; c++) {
     size_t col = c0 + 16 * (size_t)c;
-    mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
-    off[c] = col < d ? 16 * (size_t)c : 0;
+    mask[c] = full ? 0xffff : col < d ? pa512_tail_mask(d - col) : 0;
+    off[c] = full || col < d ? 16 * (size_t)c : 0;
     for (int r = 0; r < rows; r++)
-      acc[r][c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
-                               pa512_row_scale(rescale, r));
+      acc[r][c] =
+          pa512_scaled(pa512_load_f32(o + r * ldo + col, mask[c]), pa512_row_scale(rescale, r));
   }
-  for (size_t j = 0; j < n; j += 2) {
+  const uint32_t *vj = v + c0;
+  for (size_t j = 0; j < n; j += 2, vj += ldv) {
     pa_prefetch_packed(prefetch, j); /* j even: every PA_PACKED_STEP keys */
-    const uint32_t *vj = v + (j / 2) * ldv + c0;
     __m512i v0 = _mm512_loadu_si512(vj + off[0]), v1 = _mm512_loadu_si512(vj + off[1]);
     __m512i v2 = _mm512_loadu_si512(vj + off[2]), v3 = _mm512_loadu_si512(vj + off[3]);
     for (int r = 0; r < rows; r++) {
@@ -170,7 +172,13 @@ PA_INLINE void pv_packed_block(const int rows, size_t n, size_t c0, size_t d,
   }
   for (int c = 0; c < 4; c++) {
     size_t col = c0 + 16 * (size_t)c;
-    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r][c]);
+    for (int r = 0; r < rows; r++) {
+      if (full) {
+        _mm512_storeu_ps(o + r * ldo + col, acc[r][c]);
+      } else {
+        _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r][c]);
+      }
+    }
   }
 }
 
@@ -184,7 +192,11 @@ PA_INLINE void pv_packed_rows(const int rows, size_t i, size_t m, size_t n, size
   for (size_t c0 = 0; c0 < d; c0 += 64) {
     pa_prefetch_span(prefetch, i * d + (size_t)rows * c0, (size_t)rows * PA_MIN(d - c0, 64), m * d,
                      pa_packed_steps(n));
-    pv_packed_block(rows, n, c0, d, pairs, v, ldv, o, ldo, rescale, prefetch);
+    if (c0 + 64 <= d) {
+      pv_packed_block(rows, 1, n, c0, d, pairs, v, ldv, o, ldo, rescale, prefetch);
+    } else {
+      pv_packed_block(rows, 0, n, c0, d, pairs, v, ldv, o, ldo, rescale, prefetch);
+    }
   }
 }
 
