@@ -222,9 +222,11 @@ PA_INLINE __m512 logits_row(const pa_softmax_tile *t, size_t i, float *row) {
  * and need not be written). */
 PA_INLINE __m512 raw_max_row(size_t n, const float *row) {
   __m512 vmax = _mm512_set1_ps(-INFINITY);
-  for (size_t j = 0; j < n; j += 16) {
+  size_t j = 0;
+  for (; j + 16 <= n; j += 16) vmax = _mm512_max_ps(_mm512_loadu_ps(row + j), vmax); /* as above */
+  if (j < n) {
     __mmask16 m = pa512_tail_mask(n - j);
-    vmax = _mm512_mask_max_ps(vmax, m, _mm512_maskz_loadu_ps(m, row + j), vmax); /* as above */
+    vmax = _mm512_mask_max_ps(vmax, m, _mm512_maskz_loadu_ps(m, row + j), vmax);
   }
   return vmax;
 }
@@ -278,7 +280,16 @@ static void pa_softmax_avx512(const pa_softmax_tile *t, float *s, size_t lds) {
        * in memory, and adding into it there chains every step through a
        * store and a reload. */
       __m512 total = _mm512_setzero_ps();
-      for (size_t j = 0; j < t->n; j += 16) {
+      size_t j = 0;
+      /* Whole vectors without masks, then the tail (docs/code-figures.md,
+       * AVX-512 pa_softmax_avx512). */
+      for (; j + 16 <= t->n; j += 16) {
+        __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(row + j), scale, minus);
+        __m512 weight = t->bf16_weights ? pa512_exp2_bf16(x) : pa512_exp2(x);
+        _mm512_storeu_ps(row + j, weight);
+        total = _mm512_add_ps(total, weight);
+      }
+      if (j < t->n) {
         __mmask16 in_tile = pa512_tail_mask(t->n - j);
         __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_tile, row + j), scale, minus);
         __m512 weight =
