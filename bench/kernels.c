@@ -19,6 +19,7 @@
 
 #include "dispatch.h"
 #include "kernels/prefetch.h"
+#include "kernels_prefill.h"
 #include "roofline.h"
 #include "util.h"
 
@@ -239,13 +240,15 @@ static void print_row(const kernel_case *c, const char *target, const phase_time
 
 static void usage(FILE *f) {
   fputs(
-      "usage: pagedattn-kernel-bench [--quick] [--isa NAME] [--reread]\n"
+      "usage: pagedattn-kernel-bench [--quick] [--isa NAME] [--reread | --prefill]\n"
       "Times the decode micro-kernels of one tile with K/V in L2 (see the top of\n"
       "bench/kernels.c); ns per key and KV head, and that time over the time the\n"
       "memory needs for the same K/V bytes at the read bandwidth measured first;\n"
       "the stream rows read K/V from DRAM, tile after tile (2 x 512 MiB, best of 5).\n"
       "--reread instead reads sets of 32 MiB to 1 GiB over and over (1 thread, the\n"
-      "best of 5 passes after a first): what the L3 keeps of a set larger than itself.\n",
+      "best of 5 passes after a first): what the L3 keeps of a set larger than itself.\n"
+      "--prefill instead times the packed (prefill) kernels on one tile in cache, against\n"
+      "the f32 FMA and bf16 dot peaks measured first (bench/kernels_prefill.c).\n",
       f);
 }
 
@@ -263,13 +266,15 @@ static void reread_sets(const pab_machine *mach) {
 }
 
 int main(int argc, char **argv) {
-  int quick = 0, reread = 0;
+  int quick = 0, reread = 0, prefill = 0;
   const char *isa_name = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) {
       quick = 1;
     } else if (!strcmp(argv[i], "--reread")) {
       reread = 1;
+    } else if (!strcmp(argv[i], "--prefill")) {
+      prefill = 1;
     } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
       isa_name = argv[++i];
     } else {
@@ -295,6 +300,10 @@ int main(int argc, char **argv) {
   pab_machine_probe(&mach);
   if (reread) {
     reread_sets(&mach);
+    return 0;
+  }
+  if (prefill) {
+    pab_prefill_kernels(&k, &mach, quick);
     return 0;
   }
   size_t far_bytes = quick ? (size_t)16 << 20 : PA_MAX((size_t)256 << 20, 8 * mach.l3_bytes);

@@ -105,32 +105,33 @@ static inline size_t pa_packed_steps(size_t iterations) {
     for (; pa_row_ < (m); pa_row_++) BLOCK(1, pa_row_);         \
   } while (0)
 
-/* Runs STATEMENT with `cols`, a constant, set to the 16-key columns that
- * hold `keys` (1 to 64) keys: the register blocks' column count. */
-#define PA_FOR_KEY_COLUMNS(keys, STATEMENT) \
-  do {                                      \
-    switch (((keys) + 15) / 16) {           \
-      case 1: {                             \
-        const int cols = 1;                 \
-        STATEMENT;                          \
-        break;                              \
-      }                                     \
-      case 2: {                             \
-        const int cols = 2;                 \
-        STATEMENT;                          \
-        break;                              \
-      }                                     \
-      case 3: {                             \
-        const int cols = 3;                 \
-        STATEMENT;                          \
-        break;                              \
-      }                                     \
-      default: {                            \
-        const int cols = 4;                 \
-        STATEMENT;                          \
-        break;                              \
-      }                                     \
-    }                                       \
+/* Runs STATEMENT with `cols`, a constant, set to the 16-lane vectors that
+ * hold `count` (1 to 64) columns: the column count of a register block of
+ * 64 keys (Q K^T) or 64 columns of O (P V) that ends early. */
+#define PA_FOR_COLUMN_VECTORS(keys, STATEMENT) \
+  do {                                         \
+    switch (((keys) + 15) / 16) {              \
+      case 1: {                                \
+        const int cols = 1;                    \
+        STATEMENT;                             \
+        break;                                 \
+      }                                        \
+      case 2: {                                \
+        const int cols = 2;                    \
+        STATEMENT;                             \
+        break;                                 \
+      }                                        \
+      case 3: {                                \
+        const int cols = 3;                    \
+        STATEMENT;                             \
+        break;                                 \
+      }                                        \
+      default: {                               \
+        const int cols = 4;                    \
+        STATEMENT;                             \
+        break;                                 \
+      }                                        \
+    }                                          \
   } while (0)
 
 /* Iteration i of a packed block's loop, which has pa_packed_steps steps. */

@@ -96,53 +96,48 @@ static void pa_qk_packed_f32_avx512(size_t m, size_t n, size_t d, const void *q_
 #define QK_BLOCK(rows, i)                                                                   \
   qk_block(rows, cols, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
            k0 * m + (i)*keys, m * n)
-    PA_FOR_KEY_COLUMNS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
+    PA_FOR_COLUMN_VECTORS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
 #undef QK_BLOCK
   }
 }
 
-/* rows x 64 columns of O, kept in registers over the tile's keys. The
- * block is units [first, first + rows * columns) of the call's `total`.
- * `full`: columns [c0, c0 + 64) are all below d, so the offsets and masks
- * are constants (docs/code-figures.md, pv_packed_block). */
-PA_INLINE void pv_block(const int rows, const int full, size_t n, size_t c0, size_t d,
-                        const float *p, size_t ldp, const float *v, size_t ldv, float *o,
+/* rows x (16 cols) columns of O from c0, kept in registers over the tile's
+ * keys; `cols` (a constant) vectors hold the block's columns below d, only
+ * the last of which may be `partial` (docs/code-figures.md, pv_packed_block).
+ * The block is units [first, first + rows * columns) of the call's `total`. */
+PA_INLINE void pv_block(const int rows, const int cols, const int partial, size_t n, size_t c0,
+                        size_t d, const float *p, size_t ldp, const float *v, size_t ldv, float *o,
                         size_t ldo, const float *rescale, pa_prefetch *prefetch, size_t first,
                         size_t total) {
   pa_prefetch_span(prefetch, first, (size_t)rows * PA_MIN(d - c0, 64), total, pa_packed_steps(n));
-  /* Packed V rows are padded to 16 columns, so full loads are safe up to d;
-   * a chunk past d reloads the first one and its sums are never stored. */
-  __mmask16 mask[4];
-  size_t off[4];
+  /* Packed V rows are padded to 16 columns, so full loads are safe up to d. */
+  const __mmask16 last = partial ? pa512_tail_mask(d - c0 - 16 * (size_t)(cols - 1)) : 0xffff;
   __m512 acc[6][4];
-  for (int c = 0; c < 4; c++) {
-    size_t col = c0 + 16 * (size_t)c;
-    mask[c] = full ? 0xffff : col < d ? pa512_tail_mask(d - col) : 0;
-    off[c] = full || col < d ? 16 * (size_t)c : 0;
-    for (int r = 0; r < rows; r++)
-      acc[r][c] =
-          pa512_scaled(pa512_load_f32(o + r * ldo + col, mask[c]), pa512_row_scale(rescale, r));
+  for (int c = 0; c < cols; c++) {
+    const float *at = o + c0 + 16 * (size_t)c;
+    for (int r = 0; r < rows; r++) {
+      __m512 before = c + 1 < cols || !partial ? _mm512_loadu_ps(at + r * ldo)
+                                               : pa512_load_f32(at + r * ldo, last);
+      acc[r][c] = pa512_scaled(before, pa512_row_scale(rescale, r));
+    }
   }
   const float *vj = v + c0;
   for (size_t j = 0; j < n; j++, vj += ldv) {
     pa_prefetch_packed(prefetch, j);
-    __m512 v0 = _mm512_loadu_ps(vj + off[0]), v1 = _mm512_loadu_ps(vj + off[1]);
-    __m512 v2 = _mm512_loadu_ps(vj + off[2]), v3 = _mm512_loadu_ps(vj + off[3]);
+    __m512 vc[4];
+    for (int c = 0; c < cols; c++) vc[c] = _mm512_loadu_ps(vj + 16 * c);
     for (int r = 0; r < rows; r++) {
       __m512 b = _mm512_set1_ps(p[r * ldp + j]);
-      acc[r][0] = _mm512_fmadd_ps(b, v0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(b, v1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(b, v2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(b, v3, acc[r][3]);
+      for (int c = 0; c < cols; c++) acc[r][c] = _mm512_fmadd_ps(b, vc[c], acc[r][c]);
     }
   }
-  for (int c = 0; c < 4; c++) {
-    size_t col = c0 + 16 * (size_t)c;
+  for (int c = 0; c < cols; c++) {
+    float *at = o + c0 + 16 * (size_t)c;
     for (int r = 0; r < rows; r++) {
-      if (full) {
-        _mm512_storeu_ps(o + r * ldo + col, acc[r][c]);
+      if (c + 1 < cols || !partial) {
+        _mm512_storeu_ps(at + r * ldo, acc[r][c]);
       } else {
-        _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r][c]);
+        _mm512_mask_storeu_ps(at + r * ldo, last, acc[r][c]);
       }
     }
   }
@@ -155,15 +150,15 @@ static void pa_pv_packed_f32_avx512(size_t m, size_t n, size_t d, const float *p
   size_t ldv = (d + 15) / 16 * 16;
   /* The requests are spread over the row x column products. */
   for (size_t c0 = 0; c0 < d; c0 += 64) {
-#define PV_BLOCK(rows, i)                                                    \
-  pv_block(rows, full, n, c0, d, p + (i)*ldp, ldp, v, ldv, o + (i)*ldo, ldo, \
+#define PV_BLOCK(rows, i)                                                             \
+  pv_block(rows, cols, partial, n, c0, d, p + (i)*ldp, ldp, v, ldv, o + (i)*ldo, ldo, \
            pa_rescale_from(rescale, i), prefetch, c0 * m + (i)*PA_MIN(d - c0, 64), m * d)
     if (c0 + 64 <= d) {
-      const int full = 1;
+      const int cols = 4, partial = 0;
       PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
     } else {
-      const int full = 0;
-      PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
+      const int partial = 1;
+      PA_FOR_COLUMN_VECTORS(d - c0, PA_PACKED_ROW_BLOCKS(m, PV_BLOCK));
     }
 #undef PV_BLOCK
   }

@@ -133,50 +133,46 @@ void pa_qk_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q_ro
 #define QK_BLOCK(rows, i)                                                                          \
   qk_packed_block(rows, cols, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
                   k0 * m + (i)*keys, m * n)
-    PA_FOR_KEY_COLUMNS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
+    PA_FOR_COLUMN_VECTORS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
 #undef QK_BLOCK
   }
 }
 
-/* `full`: columns [c0, c0 + 64) are all below d, so the block's offsets
- * and masks are constants; the tail block of a head size that is not a
- * multiple of 64 computes them (docs/code-figures.md, pv_packed_block). */
-PA_INLINE void pv_packed_block(const int rows, const int full, size_t n, size_t c0, size_t d,
-                               const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const uint32_t *v,
-                               size_t ldv, float *o, size_t ldo, const float *rescale,
-                               pa_prefetch *prefetch) {
-  /* Full loads up to d (rows are padded to 16); see prefill-avx512.c. */
-  __mmask16 mask[4];
-  size_t off[4];
+/* rows x (16 cols) columns of O from c0; `cols` (a constant) vectors
+ * hold the block's columns below d, only the last of which may be partial
+ * (`partial`; docs/code-figures.md, pv_packed_block). */
+PA_INLINE void pv_packed_block(const int rows, const int cols, const int partial, size_t n,
+                               size_t c0, size_t d, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
+                               const uint32_t *v, size_t ldv, float *o, size_t ldo,
+                               const float *rescale, pa_prefetch *prefetch) {
+  /* Full V loads up to d (rows are padded to 16); see prefill-avx512.c. */
+  const __mmask16 last = partial ? pa512_tail_mask(d - c0 - 16 * (size_t)(cols - 1)) : 0xffff;
   __m512 acc[6][4];
-  for (int c = 0; c < 4; c++) {
-    size_t col = c0 + 16 * (size_t)c;
-    mask[c] = full ? 0xffff : col < d ? pa512_tail_mask(d - col) : 0;
-    off[c] = full || col < d ? 16 * (size_t)c : 0;
-    for (int r = 0; r < rows; r++)
-      acc[r][c] =
-          pa512_scaled(pa512_load_f32(o + r * ldo + col, mask[c]), pa512_row_scale(rescale, r));
+  for (int c = 0; c < cols; c++) {
+    const float *at = o + c0 + 16 * (size_t)c;
+    for (int r = 0; r < rows; r++) {
+      __m512 before = c + 1 < cols || !partial ? _mm512_loadu_ps(at + r * ldo)
+                                               : pa512_load_f32(at + r * ldo, last);
+      acc[r][c] = pa512_scaled(before, pa512_row_scale(rescale, r));
+    }
   }
   const uint32_t *vj = v + c0;
   for (size_t j = 0; j < n; j += 2, vj += ldv) {
     pa_prefetch_packed(prefetch, j); /* j even: every PA_PACKED_STEP keys */
-    __m512i v0 = _mm512_loadu_si512(vj + off[0]), v1 = _mm512_loadu_si512(vj + off[1]);
-    __m512i v2 = _mm512_loadu_si512(vj + off[2]), v3 = _mm512_loadu_si512(vj + off[3]);
+    __m512i vc[4];
+    for (int c = 0; c < cols; c++) vc[c] = _mm512_loadu_si512(vj + 16 * c);
     for (int r = 0; r < rows; r++) {
       __m512i b = _mm512_set1_epi32((int)pairs[r][j / 2]);
-      acc[r][0] = dot(acc[r][0], b, v0);
-      acc[r][1] = dot(acc[r][1], b, v1);
-      acc[r][2] = dot(acc[r][2], b, v2);
-      acc[r][3] = dot(acc[r][3], b, v3);
+      for (int c = 0; c < cols; c++) acc[r][c] = dot(acc[r][c], b, vc[c]);
     }
   }
-  for (int c = 0; c < 4; c++) {
-    size_t col = c0 + 16 * (size_t)c;
+  for (int c = 0; c < cols; c++) {
+    float *at = o + c0 + 16 * (size_t)c;
     for (int r = 0; r < rows; r++) {
-      if (full) {
-        _mm512_storeu_ps(o + r * ldo + col, acc[r][c]);
+      if (c + 1 < cols || !partial) {
+        _mm512_storeu_ps(at + r * ldo, acc[r][c]);
       } else {
-        _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r][c]);
+        _mm512_mask_storeu_ps(at + r * ldo, last, acc[r][c]);
       }
     }
   }
@@ -193,9 +189,10 @@ PA_INLINE void pv_packed_rows(const int rows, size_t i, size_t m, size_t n, size
     pa_prefetch_span(prefetch, i * d + (size_t)rows * c0, (size_t)rows * PA_MIN(d - c0, 64), m * d,
                      pa_packed_steps(n));
     if (c0 + 64 <= d) {
-      pv_packed_block(rows, 1, n, c0, d, pairs, v, ldv, o, ldo, rescale, prefetch);
+      pv_packed_block(rows, 4, 0, n, c0, d, pairs, v, ldv, o, ldo, rescale, prefetch);
     } else {
-      pv_packed_block(rows, 0, n, c0, d, pairs, v, ldv, o, ldo, rescale, prefetch);
+      PA_FOR_COLUMN_VECTORS(d - c0, pv_packed_block(rows, cols, 1, n, c0, d, pairs, v, ldv, o, ldo,
+                                                    rescale, prefetch));
     }
   }
 }
