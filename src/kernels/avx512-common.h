@@ -40,6 +40,35 @@ PA_INLINE __m512 pa512_scaled(__m512 o, __m512 scale) {
   return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(scale, _mm512_setzero_ps(), _CMP_NEQ_UQ), o, scale);
 }
 
+/* A packed P V block's rows x (16 cols) columns of O (row stride ldo), the
+ * last vector `partial` (masked by `last`) where the block ends past d:
+ * loaded and scaled by each row's factor into acc, and stored back. */
+PA_INLINE void pa512_load_o_block(const int rows, const int cols, const int partial, __mmask16 last,
+                                  const float *o, size_t ldo, const float *rescale,
+                                  __m512 acc[6][4]) {
+  for (int c = 0; c < cols; c++) {
+    for (int r = 0; r < rows; r++) {
+      const float *at = o + r * ldo + 16 * (size_t)c;
+      __m512 before = c + 1 < cols || !partial ? _mm512_loadu_ps(at) : pa512_load_f32(at, last);
+      acc[r][c] = pa512_scaled(before, pa512_row_scale(rescale, r));
+    }
+  }
+}
+
+PA_INLINE void pa512_store_o_block(const int rows, const int cols, const int partial,
+                                   __mmask16 last, float *o, size_t ldo, __m512 acc[6][4]) {
+  for (int c = 0; c < cols; c++) {
+    for (int r = 0; r < rows; r++) {
+      float *at = o + r * ldo + 16 * (size_t)c;
+      if (c + 1 < cols || !partial) {
+        _mm512_storeu_ps(at, acc[r][c]);
+      } else {
+        _mm512_mask_storeu_ps(at, last, acc[r][c]);
+      }
+    }
+  }
+}
+
 /* bf16 is the upper half of an f32. */
 PA_INLINE __m512 pa512_load_bf16(const void *p, __mmask16 m) {
   __m512i wide = _mm512_cvtepu16_epi32(pa512_load_16x16(p, m));

@@ -108,30 +108,30 @@ static inline size_t pa_packed_steps(size_t iterations) {
 /* Runs STATEMENT with `cols`, a constant, set to the 16-lane vectors that
  * hold `count` (1 to 64) columns: the column count of a register block of
  * 64 keys (Q K^T) or 64 columns of O (P V) that ends early. */
-#define PA_FOR_COLUMN_VECTORS(keys, STATEMENT) \
-  do {                                         \
-    switch (((keys) + 15) / 16) {              \
-      case 1: {                                \
-        const int cols = 1;                    \
-        STATEMENT;                             \
-        break;                                 \
-      }                                        \
-      case 2: {                                \
-        const int cols = 2;                    \
-        STATEMENT;                             \
-        break;                                 \
-      }                                        \
-      case 3: {                                \
-        const int cols = 3;                    \
-        STATEMENT;                             \
-        break;                                 \
-      }                                        \
-      default: {                               \
-        const int cols = 4;                    \
-        STATEMENT;                             \
-        break;                                 \
-      }                                        \
-    }                                          \
+#define PA_FOR_COLUMN_VECTORS(count, STATEMENT) \
+  do {                                          \
+    switch (((count) + 15) / 16) {              \
+      case 1: {                                 \
+        const int cols = 1;                     \
+        STATEMENT;                              \
+        break;                                  \
+      }                                         \
+      case 2: {                                 \
+        const int cols = 2;                     \
+        STATEMENT;                              \
+        break;                                  \
+      }                                         \
+      case 3: {                                 \
+        const int cols = 3;                     \
+        STATEMENT;                              \
+        break;                                  \
+      }                                         \
+      default: {                                \
+        const int cols = 4;                     \
+        STATEMENT;                              \
+        break;                                  \
+      }                                         \
+    }                                           \
   } while (0)
 
 /* Iteration i of a packed block's loop, which has pa_packed_steps steps. */

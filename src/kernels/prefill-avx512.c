@@ -113,14 +113,7 @@ PA_INLINE void pv_block(const int rows, const int cols, const int partial, size_
   /* Packed V rows are padded to 16 columns, so full loads are safe up to d. */
   const __mmask16 last = partial ? pa512_tail_mask(d - c0 - 16 * (size_t)(cols - 1)) : 0xffff;
   __m512 acc[6][4];
-  for (int c = 0; c < cols; c++) {
-    const float *at = o + c0 + 16 * (size_t)c;
-    for (int r = 0; r < rows; r++) {
-      __m512 before = c + 1 < cols || !partial ? _mm512_loadu_ps(at + r * ldo)
-                                               : pa512_load_f32(at + r * ldo, last);
-      acc[r][c] = pa512_scaled(before, pa512_row_scale(rescale, r));
-    }
-  }
+  pa512_load_o_block(rows, cols, partial, last, o + c0, ldo, rescale, acc);
   const float *vj = v + c0;
   for (size_t j = 0; j < n; j++, vj += ldv) {
     pa_prefetch_packed(prefetch, j);
@@ -131,16 +124,7 @@ PA_INLINE void pv_block(const int rows, const int cols, const int partial, size_
       for (int c = 0; c < cols; c++) acc[r][c] = _mm512_fmadd_ps(b, vc[c], acc[r][c]);
     }
   }
-  for (int c = 0; c < cols; c++) {
-    float *at = o + c0 + 16 * (size_t)c;
-    for (int r = 0; r < rows; r++) {
-      if (c + 1 < cols || !partial) {
-        _mm512_storeu_ps(at + r * ldo, acc[r][c]);
-      } else {
-        _mm512_mask_storeu_ps(at + r * ldo, last, acc[r][c]);
-      }
-    }
-  }
+  pa512_store_o_block(rows, cols, partial, last, o + c0, ldo, acc);
 }
 
 static void pa_pv_packed_f32_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,

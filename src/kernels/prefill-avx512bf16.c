@@ -148,14 +148,7 @@ PA_INLINE void pv_packed_block(const int rows, const int cols, const int partial
   /* Full V loads up to d (rows are padded to 16); see prefill-avx512.c. */
   const __mmask16 last = partial ? pa512_tail_mask(d - c0 - 16 * (size_t)(cols - 1)) : 0xffff;
   __m512 acc[6][4];
-  for (int c = 0; c < cols; c++) {
-    const float *at = o + c0 + 16 * (size_t)c;
-    for (int r = 0; r < rows; r++) {
-      __m512 before = c + 1 < cols || !partial ? _mm512_loadu_ps(at + r * ldo)
-                                               : pa512_load_f32(at + r * ldo, last);
-      acc[r][c] = pa512_scaled(before, pa512_row_scale(rescale, r));
-    }
-  }
+  pa512_load_o_block(rows, cols, partial, last, o + c0, ldo, rescale, acc);
   const uint32_t *vj = v + c0;
   for (size_t j = 0; j < n; j += 2, vj += ldv) {
     pa_prefetch_packed(prefetch, j); /* j even: every PA_PACKED_STEP keys */
@@ -166,16 +159,7 @@ PA_INLINE void pv_packed_block(const int rows, const int cols, const int partial
       for (int c = 0; c < cols; c++) acc[r][c] = dot(acc[r][c], b, vc[c]);
     }
   }
-  for (int c = 0; c < cols; c++) {
-    float *at = o + c0 + 16 * (size_t)c;
-    for (int r = 0; r < rows; r++) {
-      if (c + 1 < cols || !partial) {
-        _mm512_storeu_ps(at + r * ldo, acc[r][c]);
-      } else {
-        _mm512_mask_storeu_ps(at + r * ldo, last, acc[r][c]);
-      }
-    }
-  }
+  pa512_store_o_block(rows, cols, partial, last, o + c0, ldo, acc);
 }
 
 /* Rows [i, i + rows) of m: units [i d, (i + rows) d) of the row x column
