@@ -34,9 +34,9 @@ extern "C" {
 #endif
 
 #define PA_VERSION_MAJOR 0
-#define PA_VERSION_MINOR 2
+#define PA_VERSION_MINOR 3
 #define PA_VERSION_PATCH 0
-#define PA_VERSION_STRING "0.2.0"
+#define PA_VERSION_STRING "0.3.0"
 
 /* Supported head sizes: PA_MIN_HEAD_SIZE .. PA_MAX_HEAD_SIZE inclusive. */
 #define PA_MIN_HEAD_SIZE 1
@@ -192,7 +192,28 @@ PA_API void pa_layer_destroy(pa_layer *layer);
  *   block_stride = num_kv_heads * head_stride.
  * The library reads and writes only the tiles: whatever lies between them
  * (the other side's tiles, padding) is never touched. The regions key and
- * value address must not overlap; that is the caller's layout, not checked. */
+ * value address must not overlap; that is the caller's layout, not checked.
+ *
+ * 0.3: `layout` orders the elements inside each tile (the tiles themselves
+ * stay where the strides put them). PA_KV_ROWS is the order above. In
+ * PA_KV_TILED, the order AMX tiles load without packing, the t * head_size
+ * + e of the formula above becomes, for keys (16-token groups of element
+ * pairs: one group is head_size / 2 rows of 16 tokens x 2 elements)
+ *   (t / 16) * 16 * head_size + (e / 2) * 32 + (t % 16) * 2 + e % 2
+ * and for values (16-element column groups of token pairs: one group is
+ * block_size / 2 rows of 16 elements x 2 tokens)
+ *   (e / 16) * 16 * block_size + (t / 2) * 32 + (e % 16) * 2 + t % 2.
+ * A tiled cache needs block_size and head_size multiples of 16
+ * (PA_ERR_UNSUPPORTED otherwise). Every kernel path reads both orders; on
+ * the amx path bf16 activations over a tiled bf16 cache feed the tiles
+ * straight from the cache (no packing per call), while the other paths and
+ * dtype pairs read a tiled cache through a copy into rows per tile, so
+ * PA_KV_ROWS is the faster choice for them (pa_kv_layout_preferred). */
+typedef enum pa_kv_layout {
+  PA_KV_ROWS = 0,
+  PA_KV_TILED = 1,
+} pa_kv_layout;
+
 typedef struct pa_kv_cache {
   void *key;   /* key tiles of dtype (layout above) */
   void *value; /* value tiles, same strides */
@@ -206,7 +227,15 @@ typedef struct pa_kv_cache {
   /* 0.2: strides in elements, the same in key and in value (layout above) */
   int64_t block_stride; /* from block b to b+1; 0: num_kv_heads * block_size * head_size */
   int64_t head_stride;  /* from KV head h to h+1 within a block; 0: block_size * head_size */
+  pa_kv_layout layout;  /* 0.3: the order inside each tile; 0: PA_KV_ROWS */
 } pa_kv_cache;
+
+/* 0.3: the layout whose reads are fastest on this context's kernel path for
+ * activations of act_dtype over a cache of cache_dtype with this geometry:
+ * PA_KV_TILED where the tiles read it in place (see pa_kv_layout),
+ * PA_KV_ROWS otherwise (and for arguments no cache could have). */
+PA_API pa_kv_layout pa_kv_layout_preferred(const pa_context *ctx, pa_dtype act_dtype,
+                                           pa_dtype cache_dtype, int block_size, int head_size);
 
 /* key/value: num_tokens rows of num_kv_heads * head_size elements of
  * src_dtype (an activation dtype). Token t goes to slot slot_mapping[t]; a
@@ -220,7 +249,7 @@ PA_API pa_status pa_write_kv(pa_context *ctx, const pa_kv_cache *cache, const vo
  * effect in order, as if copied one after another (so chains and repeated
  * destinations are well defined). pa_copy_blocks copies keys and values
  * within each of num_caches caches; pa_swap_blocks copies from src to dst,
- * which must share block_size, num_kv_heads, head_size, dtype and (FP8) the
+ * which must share block_size, num_kv_heads, head_size, dtype, layout and (FP8) the
  * scales; their num_blocks and strides may differ (a strided device cache
  * and a dense host pool, say). Only the tiles are copied. */
 PA_API pa_status pa_copy_blocks(pa_context *ctx, const pa_kv_cache *caches, int num_caches,

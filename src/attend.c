@@ -25,17 +25,30 @@ static void gather_tile_rows(const pa_kv_source *kv, int32_t seq, int32_t kv_hea
    * per key cost more than the rest of the walk. */
   const int32_t *table = kv->block_tables + seq * kv->block_table_stride + first / kv->block_size;
   int64_t head = kv_head * kv->head_bytes, i = 0;
+  int64_t size = (int64_t)pa_dtype_size(kv->dtype), d = kv->token_bytes / size;
   for (int64_t key = first, end = first + n, offset = first % kv->block_size; key < end;
        table++, offset = 0) {
     int64_t run = PA_MIN(kv->block_size - offset, end - key);
-    int64_t at = *table * kv->block_bytes + head + offset * kv->token_bytes;
-    for (int64_t r = 0; r < run; r++, i++) {
-      k_rows[i] = kv->key + at + r * kv->token_bytes;
-      v_rows[i] = kv->value + at + r * kv->token_bytes;
+    int64_t at = *table * kv->block_bytes + head;
+    if (kv->tiled) {
+      for (int64_t t = offset; t < offset + run; t++, i++) {
+        k_rows[i] = kv->key + at + pa_tiled_key_anchor(t, d) * size;
+        v_rows[i] = kv->value + at + pa_tiled_value_anchor(t) * size;
+      }
+    } else {
+      at += offset * kv->token_bytes;
+      for (int64_t r = 0; r < run; r++, i++) {
+        k_rows[i] = kv->key + at + r * kv->token_bytes;
+        v_rows[i] = kv->value + at + r * kv->token_bytes;
+      }
     }
     key += run;
   }
 }
+
+/* A tiled cache's tiles are read in place by the tiles' kernels where the
+ * dtype pair has them, through rows unpacked per tile otherwise. */
+static int reads_tiles(const pa_attention_call *c) { return c->kv.tiled && c->ops->qk_tiled; }
 
 static char *out_row(const pa_attention_call *c, int64_t row, int32_t head) {
   int64_t head_bytes = (int64_t)c->layer->head_size * (int64_t)pa_dtype_size(c->layer->dtype);
@@ -76,13 +89,19 @@ static int item_is_packed(const pa_attention_call *c, const pa_plan_item *item) 
   return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin) >= c->ops->packed_min_rows;
 }
 
+/* Items that run the packed loop (packed_tile): packed items, and every
+ * item over a tiled cache whose tiles the kernels read in place. */
+static int item_in_packed_loop(const pa_attention_call *c, const pa_plan_item *item) {
+  return item_is_packed(c, item) || reads_tiles(c);
+}
+
 /* Q rows in scratch: d elements rounded up to 64 (see pa_attn_ops). */
 static size_t q_stride(size_t d) { return (d + 63) / 64 * 64; }
 
 typedef struct pa_item_scratch {
   const char **range_start;
   size_t *range_bytes;
-  void *q, *k_packed, *v_packed;
+  void *q, *k_packed, *v_packed, *unpacked[2];
   float *o, *s, *row_max, *row_sum, *rescale, *alibi;
   size_t ldo; /* O's row stride: d in scratch, d + 2 in a split's partials */
   int32_t *position, *key_lo, *key_hi;
@@ -102,6 +121,7 @@ static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
       .q = scratch_at(base, l.q),
       .k_packed = scratch_at(base, l.k_packed),
       .v_packed = scratch_at(base, l.v_packed),
+      .unpacked = {scratch_at(base, l.k_unpacked), scratch_at(base, l.v_unpacked)},
       .o = scratch_at(base, l.o),
       .ldo = (size_t)c->layer->head_size,
       .s = scratch_at(base, l.s),
@@ -129,7 +149,7 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
   int64_t q_start = plan->q_starts[item->seq];
   int64_t q_len = plan->q_starts[item->seq + 1] - q_start, k_len = plan->kv_lens[item->seq];
   size_t m = pa_item_rows(item);
-  pa_load_row_fn load_q = item_is_packed(c, item) ? c->ops->load_q_packed : c->ops->load_q;
+  pa_load_row_fn load_q = item_in_packed_loop(c, item) ? c->ops->load_q_packed : c->ops->load_q;
   *lo = INT64_MAX;
   *hi = INT64_MIN;
   for (size_t i = 0; i < m; i++) {
@@ -189,19 +209,31 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
     for (int64_t h = 0; h < (whole ? 1 : heads); h++) {
       int64_t from = at + h * kv->head_bytes + offset * kv->token_bytes;
       size_t length = (size_t)(whole ? heads * kv->head_bytes : run * kv->token_bytes);
+      int64_t value_from = from;
+      size_t value_length = length;
+      if (kv->tiled && !whole) {
+        /* The keys' 16-token groups hold them; their values are spread over
+         * the whole tile. */
+        int64_t group = PA_TILED_GROUP * kv->token_bytes;
+        from = at + h * kv->head_bytes + offset / PA_TILED_GROUP * group;
+        length = (size_t)((offset + run + PA_TILED_GROUP - 1) / PA_TILED_GROUP * group -
+                          offset / PA_TILED_GROUP * group);
+        value_from = at + h * kv->head_bytes;
+        value_length = (size_t)(kv->block_size * kv->token_bytes);
+      }
       if (count >= 2 && start[count - 2] + bytes[count - 2] == kv->key + from &&
-          start[count - 1] + bytes[count - 1] == kv->value + from) {
+          start[count - 1] + bytes[count - 1] == kv->value + value_from) {
         /* Blocks adjacent in memory extend the last pair of ranges: fewer,
          * longer runs of requests (docs/code-figures.md, tile_ranges). */
         bytes[count - 2] += length;
-        bytes[count - 1] += length;
+        bytes[count - 1] += value_length;
         continue;
       }
       if (count + 2 > capacity) return count;
       start[count] = kv->key + from;
       bytes[count++] = length;
-      start[count] = kv->value + from;
-      bytes[count++] = length;
+      start[count] = kv->value + value_from;
+      bytes[count++] = value_length;
     }
     key += run;
   }
@@ -231,12 +263,28 @@ static void softmax_rows(const pa_attention_call *c, const pa_item_scratch *s, i
   c->kernels->softmax(&t, s->s + r0 * tile, tile);
 }
 
-/* Rows of KV head `kv` (of the item) for the tile whose first head's rows
- * are `rows`: those rows themselves, or a spare set filled with them. */
-static const void **head_rows(const pa_attention_call *c, const void **rows, size_t n, size_t kv,
-                              const void **spare) {
+/* Rows (anchors, in a tiled cache) of KV head `kv` (of the item) for the
+ * tile whose first head's are `rows`: those themselves, or a spare set
+ * filled with them. */
+static const void **head_anchors(const pa_attention_call *c, const void **rows, size_t n, size_t kv,
+                                 const void **spare) {
   if (kv == 0) return rows;
   offset_rows(rows, (int64_t)n, (int64_t)kv * c->kv.head_bytes, spare);
+  return spare;
+}
+
+/* Rows of KV head `kv`'s keys (side 0) or values (1) for the row kernels:
+ * as head_anchors, or, from a tiled cache, unpacked into the side's
+ * scratch (one head at a time: a kernel call reads one head's side). */
+static const void **head_rows(const pa_attention_call *c, const pa_item_scratch *s,
+                              const void **rows, size_t n, size_t kv, int side,
+                              const void **spare) {
+  const void **anchors = head_anchors(c, rows, n, kv, spare);
+  if (!c->kv.tiled) return anchors;
+  size_t size = pa_dtype_size(c->kv.dtype), row_bytes = (size_t)c->kv.token_bytes;
+  c->kernels->unpack_tiled[side](s->unpacked[side], anchors, n, row_bytes / size, size,
+                                 (size_t)c->kv.block_size);
+  for (size_t i = 0; i < n; i++) spare[i] = (const char *)s->unpacked[side] + i * row_bytes;
   return spare;
 }
 
@@ -271,23 +319,42 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
   size_t m_kv = pa_item_rows(item) / kv_count, ldq = q_stride(d);
   size_t heads = (size_t)(item->head_end - item->head_begin) / kv_count;
   size_t group = all_visible ? m_kv : PA_MAX(PA_PARTIAL_TILE_ROWS / heads, 1) * heads;
-  pa_prefetch *requests = c->ops->packed_unprefetched ? NULL : ahead;
+  int tiles = reads_tiles(c);
+  /* The tiles' kernels take requests on a direct item (a decode streaming
+   * its keys), not on a packed one (docs/xeon-amx.md). */
+  pa_prefetch *requests =
+      c->ops->packed_unprefetched && (!tiles || item_is_packed(c, item)) ? NULL : ahead;
   for (size_t kv = 0; kv < kv_count; kv++) {
-    c->ops->pack_k(s->k_packed, head_rows(c, k_rows, n, kv, spare[kv & 1][0]), n, d);
-    c->ops->pack_v(s->v_packed, head_rows(c, v_rows, n, kv, spare[kv & 1][1]), n, d);
+    const void **k = NULL, **v = NULL;
+    if (tiles) {
+      k = head_anchors(c, k_rows, n, kv, spare[kv & 1][0]);
+      v = head_anchors(c, v_rows, n, kv, spare[kv & 1][1]);
+    } else {
+      c->ops->pack_k(s->k_packed, head_rows(c, s, k_rows, n, kv, 0, spare[kv & 1][0]), n, d);
+      c->ops->pack_v(s->v_packed, head_rows(c, s, v_rows, n, kv, 1, spare[kv & 1][1]), n, d);
+    }
     for (size_t g0 = 0; g0 < m_kv; g0 += group) {
       size_t r0 = kv * m_kv + g0, m = PA_MIN(group, m_kv - g0);
       size_t keys = all_visible ? n : seen_prefix(s, r0, m, first, n);
       if (keys == 0) continue; /* the online softmax over no keys changes nothing */
       size_t share = (budget * m + m_kv - 1) / m_kv;
       const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
-      float *scores = s->s + r0 * tile;
+      float *scores = s->s + r0 * tile, *o = s->o + r0 * s->ldo;
       pa_prefetch_begin(ahead, share);
-      c->ops->qk_packed(m, keys, d, q, ldq, s->k_packed, scores, tile, requests);
+      if (tiles) {
+        c->ops->qk_tiled(m, keys, d, q, ldq, k, scores, tile, requests);
+      } else {
+        c->ops->qk_packed(m, keys, d, q, ldq, s->k_packed, scores, tile, requests);
+      }
       softmax_rows(c, s, first, keys, r0, m, all_visible);
       pa_prefetch_begin(ahead, share);
-      c->ops->pv_packed(m, keys, d, scores, tile, s->v_packed, s->o + r0 * s->ldo, s->ldo,
-                        s->rescale + r0, requests);
+      if (tiles) {
+        c->ops->pv_tiled(m, keys, d, scores, tile, v, (size_t)c->kv.block_size, o, s->ldo,
+                         s->rescale + r0, requests);
+      } else {
+        c->ops->pv_packed(m, keys, d, scores, tile, s->v_packed, o, s->ldo, s->rescale + r0,
+                          requests);
+      }
     }
   }
 }
@@ -314,7 +381,7 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     lines += (ahead->bytes[r] + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
   size_t budget = (lines + 2 * kv_count - 1) / (2 * kv_count); /* per kernel call */
 
-  if (item_is_packed(c, item)) {
+  if (item_in_packed_loop(c, item)) {
     packed_tile(c, item, s, first, n, k_rows, v_rows, spare, ahead, budget, all_visible);
     return;
   }
@@ -322,14 +389,15 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     size_t r0 = kv * m_kv;
     pa_prefetch_begin(ahead, budget);
     c->ops->qk(m_kv, n, d, (const char *)s->q + r0 * ldq * c->ops->q_size, ldq,
-               head_rows(c, k_rows, n, kv, spare[kv & 1][0]), s->s + r0 * tile, tile, ahead);
+               head_rows(c, s, k_rows, n, kv, 0, spare[kv & 1][0]), s->s + r0 * tile, tile, ahead);
   }
   softmax_rows(c, s, first, n, 0, m, all_visible);
   for (size_t kv = 0; kv < kv_count; kv++) {
     size_t r0 = kv * m_kv;
     pa_prefetch_begin(ahead, budget);
-    c->ops->pv(m_kv, n, d, s->s + r0 * tile, tile, head_rows(c, v_rows, n, kv, spare[kv & 1][1]),
-               s->o + r0 * s->ldo, s->ldo, s->rescale + r0, ahead);
+    c->ops->pv(m_kv, n, d, s->s + r0 * tile, tile,
+               head_rows(c, s, v_rows, n, kv, 1, spare[kv & 1][1]), s->o + r0 * s->ldo, s->ldo,
+               s->rescale + r0, ahead);
   }
 }
 
@@ -362,6 +430,12 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   size_t m = load_queries(c, item, &s, &lo, &hi);
   int64_t keys = hi > lo ? hi - lo : 0; /* lo > hi when no row sees a key */
   size_t tile = item_is_packed(c, item) ? lds_tile : direct_tile(&c->kv, keys, lds_tile);
+  if (reads_tiles(c)) {
+    /* The tiles' kernels take keys from a multiple of PA_TILED_STEP on, in
+     * tiles of whole steps (the keys before the item's are masked). */
+    lo = lo < hi ? lo / PA_TILED_STEP * PA_TILED_STEP : lo;
+    tile = (tile + PA_TILED_STEP - 1) / PA_TILED_STEP * PA_TILED_STEP;
+  }
   float *partial = NULL; /* a split's O, max and sum per row, for merge_rows */
   if (item->split >= 0) {
     const pa_split_group *g = &c->plan->groups[item->split_group];

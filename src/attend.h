@@ -19,6 +19,7 @@ typedef struct pa_kv_source {
   int64_t head_bytes;  /* from one KV head's rows to the next's (paged and dense) */
   int heads_adjacent;  /* a block's tiles are one run of bytes (the dense layout) */
   int64_t token_bytes; /* one token of one KV head */
+  int tiled;           /* PA_KV_TILED: rows are the tokens' anchors (pa_tiled_key_anchor) */
   /* Dense. */
   const int32_t *row_starts; /* [num_seqs + 1] cumulative key rows */
   int64_t key_row_bytes, value_row_bytes;

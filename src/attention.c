@@ -193,7 +193,8 @@ pa_status pa_paged_attention(pa_context *ctx, const pa_layer *layer, const pa_pl
              .block_bytes = layout.block_bytes,
              .head_bytes = layout.head_bytes,
              .heads_adjacent = layout.heads_adjacent,
-             .token_bytes = token_bytes},
+             .token_bytes = token_bytes,
+             .tiled = cache->layout == PA_KV_TILED},
       .q_factor = layer->scale * (fp8 ? cache->k_scale : 1.0f),
       .v_factor = fp8 ? cache->v_scale : 1.0f,
   };

@@ -37,6 +37,34 @@ typedef struct pa_write_job {
   int ranges;
 } pa_write_job;
 
+/* Elements [first, first + count) of token `offset` of a tiled tile
+ * (keys: tensor 0, values: 1), encoded in chunks and placed one by one. */
+static void write_tiled(const pa_write_job *job, int tensor, char *tile, int64_t offset,
+                        int64_t first, int64_t count, const char *src) {
+  const pa_kv_cache *cache = job->cache;
+  size_t src_size = pa_dtype_size(job->src_dtype), size = pa_dtype_size(cache->dtype);
+  float scale = tensor ? cache->v_scale : cache->k_scale;
+  int64_t anchor =
+      tensor ? pa_tiled_value_anchor(offset) : pa_tiled_key_anchor(offset, cache->head_size);
+  float buffer[PA_CONVERT_CHUNK];
+  char encoded[PA_CONVERT_CHUNK * sizeof(float)];
+  for (int64_t done = 0; done < count; done += PA_CONVERT_CHUNK) {
+    size_t n = (size_t)PA_MIN(count - done, (int64_t)PA_CONVERT_CHUNK);
+    const char *from = src + done * (int64_t)src_size;
+    if (cache->dtype != job->src_dtype) { /* the same dtype is placed as it is, bit for bit */
+      job->kernels->load_row[job->src_dtype](buffer, from, n, 1.0f);
+      job->kernels->encode_row[cache->dtype](encoded, buffer, n, scale);
+      from = encoded;
+    }
+    for (size_t i = 0; i < n; i++) {
+      int64_t e = first + done + (int64_t)i;
+      int64_t at =
+          anchor + (tensor ? pa_tiled_value_offset(e, cache->block_size) : pa_tiled_key_offset(e));
+      memcpy(tile + at * (int64_t)size, from + i * size, size);
+    }
+  }
+}
+
 static void write_task(void *arg, size_t index, int thread) {
   (void)thread;
   const pa_write_job *job = arg;
@@ -60,9 +88,14 @@ static void write_task(void *arg, size_t index, int thread) {
     for (int64_t e = begin; e < end;) {
       int64_t head = e / head_size, d = e % head_size;
       int64_t count = PA_MIN(head_size - d, end - e);
-      char *dst = dst_base + block * layout->block_bytes + head * layout->head_bytes +
-                  offset * token_bytes + d * (int64_t)dst_size;
+      char *tile = dst_base + block * layout->block_bytes + head * layout->head_bytes;
       const char *src = src_row + e * (int64_t)src_size;
+      if (cache->layout == PA_KV_TILED) {
+        write_tiled(job, tensor, tile, offset, d, count, src);
+        e += count;
+        continue;
+      }
+      char *dst = tile + offset * token_bytes + d * (int64_t)dst_size;
       if (cache->dtype == job->src_dtype) {
         memcpy(dst, src, (size_t)count * dst_size);
       } else {
@@ -271,6 +304,12 @@ pa_status pa_swap_blocks(pa_context *ctx, const pa_kv_cache *src, const pa_kv_ca
   if (status != PA_OK) return status;
   status = pa_check_cache(dst, caller, "dst");
   if (status != PA_OK) return status;
+  if (src->layout != dst->layout) {
+    return pa_fail(PA_ERR_INVALID_ARGUMENT,
+                   "%s: dst->layout = %d differs from src->layout = %d; blocks are copied as "
+                   "stored",
+                   caller, (int)dst->layout, (int)src->layout);
+  }
   if (src->block_size != dst->block_size || src->num_kv_heads != dst->num_kv_heads ||
       src->head_size != dst->head_size || src->dtype != dst->dtype) {
     return pa_fail(PA_ERR_INVALID_ARGUMENT,

@@ -47,6 +47,25 @@ static inline int pa_mul_i64(int64_t a, int64_t b, int64_t *out) {
   return 1;
 }
 
+/* PA_KV_TILED (see pa_kv_layout), in elements within a (block, KV head)
+ * tile. A token's anchor is where its element 0 lies; its element e lies
+ * the offset further on. Groups are PA_TILED_GROUP tokens (keys) or
+ * elements (values). */
+enum { PA_TILED_GROUP = 16 };
+
+static inline int64_t pa_tiled_key_anchor(int64_t token, int64_t head_size) {
+  return token / PA_TILED_GROUP * PA_TILED_GROUP * head_size + token % PA_TILED_GROUP * 2;
+}
+static inline int64_t pa_tiled_key_offset(int64_t e) {
+  return e / 2 * (2 * PA_TILED_GROUP) + e % 2;
+}
+static inline int64_t pa_tiled_value_anchor(int64_t token) {
+  return token / 2 * (2 * PA_TILED_GROUP) + token % 2;
+}
+static inline int64_t pa_tiled_value_offset(int64_t e, int64_t block_size) {
+  return e / PA_TILED_GROUP * PA_TILED_GROUP * block_size + e % PA_TILED_GROUP * 2;
+}
+
 void *pa_aligned_alloc(size_t alignment, size_t size);
 void pa_aligned_free(void *ptr);
 

@@ -129,6 +129,16 @@ const char *pa_context_kernel_path(const pa_context *ctx) {
   return ctx ? pa_isa_name(ctx->isa) : "";
 }
 
+pa_kv_layout pa_kv_layout_preferred(const pa_context *ctx, pa_dtype act_dtype, pa_dtype cache_dtype,
+                                    int block_size, int head_size) {
+  if (!ctx || !pa_dtype_is_activation(act_dtype) || !pa_dtype_valid(cache_dtype) ||
+      block_size < 1 || block_size % PA_TILED_GROUP || head_size < PA_MIN_HEAD_SIZE ||
+      head_size > PA_MAX_HEAD_SIZE || head_size % PA_TILED_GROUP) {
+    return PA_KV_ROWS;
+  }
+  return ctx->kernels.attn[act_dtype][cache_dtype].qk_tiled ? PA_KV_TILED : PA_KV_ROWS;
+}
+
 /* Sizes grow by half again so a slowly growing workload settles quickly. */
 static size_t grown(size_t have, size_t need) {
   size_t next = have + have / 2;

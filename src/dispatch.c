@@ -126,6 +126,7 @@ void pa_kernels_build(pa_isa isa, int bf16_dot, pa_kernels *kernels) {
   pa_convert_kernels_scalar(kernels);
   pa_attn_kernels_scalar(kernels);
   pa_prefill_kernels_scalar(kernels);
+  pa_tiled_kernels_scalar(kernels);
 #if defined(PA_HAVE_X86_KERNELS)
   if (isa >= PA_ISA_AVX2) {
     pa_convert_kernels_avx2(kernels);

@@ -11,7 +11,7 @@ enum {
   /* Query rows x heads x head_size of a prefill item: enough rows to
    * amortise packing a K/V tile, few enough that Q, O and the scores stay in
    * L2 (128 rows at head size 128, 256 at 64), within [64, 256] rows. */
-  PA_TARGET_ELEMENTS = 16384,
+  PA_TARGET_ELEMENTS = 32768,
   /* rows x heads x head_size of any item (Q and O scratch, 128 KiB each). */
   PA_ROW_BUDGET = 32768,
   /* Up to this many query rows per sequence (decode, speculative decoding)
@@ -58,6 +58,8 @@ pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_til
   PA_PLACE(merge, d * sizeof(float));
   PA_PLACE(k_packed, pa_packed_bytes(d));
   PA_PLACE(v_packed, pa_packed_bytes(d));
+  PA_PLACE(k_unpacked, n * d * sizeof(float)); /* a tiled cache's rows, at most f32 */
+  PA_PLACE(v_unpacked, n * d * sizeof(float));
   PA_PLACE(range_start, pa_prefetch_ranges(max_rows, key_tile) * sizeof(char *));
   PA_PLACE(range_bytes, pa_prefetch_ranges(max_rows, key_tile) * sizeof(size_t));
 #undef PA_PLACE

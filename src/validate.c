@@ -126,6 +126,18 @@ pa_status pa_check_cache(const pa_kv_cache *cache, const char *caller, const cha
                      (double)cache->v_scale, pa_dtype_name(cache->dtype));
     }
   }
+  if (cache->layout != PA_KV_ROWS && cache->layout != PA_KV_TILED) {
+    return pa_fail(PA_ERR_INVALID_ARGUMENT,
+                   "%s: %s->layout = %d is not a pa_kv_layout (PA_KV_ROWS or PA_KV_TILED)", caller,
+                   name, (int)cache->layout);
+  }
+  if (cache->layout == PA_KV_TILED &&
+      (cache->block_size % PA_TILED_GROUP || cache->head_size % PA_TILED_GROUP)) {
+    return pa_fail(PA_ERR_UNSUPPORTED,
+                   "%s: %s->layout = PA_KV_TILED needs block_size and head_size multiples of %d; "
+                   "they are %d and %d",
+                   caller, name, PA_TILED_GROUP, cache->block_size, cache->head_size);
+  }
   pa_status status = check_strides(cache, caller, name);
   if (status != PA_OK) return status;
   if (cache->num_blocks > 0 && !cache->key) {

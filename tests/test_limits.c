@@ -38,7 +38,8 @@ typedef struct big_cache {
 static int map_cache(big_cache *b, pa_dtype t, int64_t num_blocks, int block_size, int nkv,
                      int hs) {
   memset(b, 0, sizeof *b);
-  b->c = (pa_kv_cache){NULL, NULL, num_blocks, block_size, nkv, hs, t, 0.5f, 0.25f, 0, 0};
+  b->c =
+      (pa_kv_cache){NULL, NULL, num_blocks, block_size, nkv, hs, t, 0.5f, 0.25f, 0, 0, PA_KV_ROWS};
   b->bytes = (size_t)hx_cache_bytes(&b->c);
   b->c.key = map_sparse(b->bytes);
   b->c.value = map_sparse(b->bytes);
@@ -413,7 +414,7 @@ static void test_lone_row_strides(void) {
   }
 
   /* Paged: one query row over a small cache. */
-  pa_kv_cache cache = {NULL, NULL, 2, BS, NKV, HS, PA_F32, 1.0f, 1.0f, 0, 0};
+  pa_kv_cache cache = {NULL, NULL, 2, BS, NKV, HS, PA_F32, 1.0f, 1.0f, 0, 0, PA_KV_ROWS};
   cache.key = tu_calloc(1, hx_cache_bytes(&cache));
   cache.value = tu_calloc(1, hx_cache_bytes(&cache));
   int64_t slots[KEYS];

@@ -96,7 +96,7 @@ int main(int argc, char **argv) {
   float *want_lse = tu_malloc(rows * HEADS * sizeof(float));
   unsigned char *kc = tu_malloc(side), *vc = tu_malloc(side);
   memcpy(kc, k0, side), memcpy(vc, v0, side);
-  pa_kv_cache cache = {kc, vc, NB, BS, NKV, HS, PA_BF16, 1.0f, 1.0f, 0, 0};
+  pa_kv_cache cache = {kc, vc, NB, BS, NKV, HS, PA_BF16, 1.0f, 1.0f, 0, 0, PA_KV_ROWS};
   pa_context *own = NULL;
   TU_CHECK(pa_context_create(MEMBERS, &own) == PA_OK, "own pool: %s", pa_last_error());
   run(own, &cache, keys, query, want, want_lse);

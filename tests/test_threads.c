@@ -89,7 +89,8 @@ static void build_job(job *j, uint64_t seed, pa_context *plan_ctx, const job *sh
     TU_CHECK(st == PA_OK, "pa_layer_create: %s", pa_last_error());
     j->owns_layer_and_plan = 1;
   }
-  j->cache = (pa_kv_cache){NULL, NULL, NB, BS, j->nkv, j->hs, j->cache_dtype, 0.03f, 0.02f, 0, 0};
+  j->cache = (pa_kv_cache){NULL,           NULL,  NB,    BS, j->nkv, j->hs,
+                           j->cache_dtype, 0.03f, 0.02f, 0,  0,      PA_KV_ROWS};
   j->swap = j->cache;
   j->swap.num_blocks = 8;
   j->cache_bytes = hx_cache_bytes(&j->cache);

@@ -76,7 +76,7 @@ static void run_case(pa_dtype act, pa_dtype cache_dtype, int offset) {
   ref_layer ref = {NH, NKV, HS, 1.0 / sqrt((double)HS), slopes, 0, 0, sinks, REF_DECODER};
 
   /* The cache and the batch. */
-  pa_kv_cache cache = {NULL, NULL, NB, BS, NKV, HS, cache_dtype, 0.02f, 0.03f, 0, 0};
+  pa_kv_cache cache = {NULL, NULL, NB, BS, NKV, HS, cache_dtype, 0.02f, 0.03f, 0, 0, PA_KV_ROWS};
   int64_t elems = hx_cache_elems(&cache);
   cache.key = take(&b, (size_t)elems, cs, offset);
   cache.value = take(&b, (size_t)elems, cs, offset);

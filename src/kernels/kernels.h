@@ -123,6 +123,29 @@ typedef void (*pa_pv_packed_fn)(size_t m, size_t n, size_t d, const float *p, si
                                 const void *v_packed, float *o, size_t ldo, const float *rescale,
                                 pa_prefetch *prefetch);
 
+/* Tiled caches (pa_kv_layout PA_KV_TILED). A key's or value's anchor is
+ * where its element 0 lies (pa_tiled_key_anchor, pa_tiled_value_anchor).
+ *
+ * rows[i][e] = element e of the key (side 0) or value (side 1) anchored at
+ * anchors[i], for i < n, e < d: rows of elem_size-byte elements, d apart;
+ * block_size places the values' column groups. */
+typedef void (*pa_unpack_tiled_fn)(void *rows, const void *const *anchors, size_t n, size_t d,
+                                   size_t elem_size, size_t block_size);
+
+/* The products read from the tiles in place. Keys [0, n) of a call are
+ * consecutive tokens of a sequence from a multiple of PA_TILED_STEP on
+ * (key 0 starts a 16-token group and a pair of them, when the block holds
+ * whole pairs); keys past n in their group may hold anything, NaN
+ * included, and must not reach O. Q K^T writes S columns up to n rounded
+ * up to 16; otherwise these are the packed kernels' contracts. */
+enum { PA_TILED_STEP = 32 };
+typedef void (*pa_qk_tiled_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                               const void *const *k_anchors, float *s, size_t lds,
+                               pa_prefetch *prefetch);
+typedef void (*pa_pv_tiled_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                               const void *const *v_anchors, size_t block_size, float *o,
+                               size_t ldo, const float *rescale, pa_prefetch *prefetch);
+
 /* The kernels attention runs for one (activation, cache) dtype pair. Q rows
  * sit in scratch with a stride of d rounded up to 64 elements; Q is loaded
  * into q_size-byte elements: f32 already multiplied by the
@@ -149,6 +172,10 @@ typedef struct pa_attn_ops {
   /* The packed kernels are given no requests for the next tile: they
    * compute a tile faster than issuing its requests pays back (AMX). */
   int packed_unprefetched;
+  /* For every item over a tiled cache, when set (the loop of the packed
+   * kernels, without packing); NULL: such a cache is unpacked per tile. */
+  pa_qk_tiled_fn qk_tiled;
+  pa_pv_tiled_fn pv_tiled;
 } pa_attn_ops;
 
 typedef struct pa_kernels {
@@ -159,6 +186,7 @@ typedef struct pa_kernels {
   pa_store_row_fn store_row[PA_NUM_ACT_DTYPES]; /* by activation dtype */
   pa_encode_row_fn encode_row[PA_NUM_DTYPES];   /* by cache dtype */
   pa_axpy_fn axpy;                              /* the split-K merge */
+  pa_unpack_tiled_fn unpack_tiled[2];           /* keys, values */
   pa_qk_fn qk[PA_NUM_DTYPES];                   /* by K dtype */
   pa_pv_fn pv[PA_NUM_DTYPES];                   /* by V dtype */
   pa_softmax_fn softmax;
@@ -273,6 +301,7 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
 void pa_convert_kernels_scalar(pa_kernels *k);
 void pa_attn_kernels_scalar(pa_kernels *k);
 void pa_prefill_kernels_scalar(pa_kernels *k);
+void pa_tiled_kernels_scalar(pa_kernels *k);
 #if defined(PA_HAVE_X86_KERNELS)
 void pa_convert_kernels_avx2(pa_kernels *k);
 void pa_attn_kernels_avx2(pa_kernels *k);
