@@ -48,7 +48,10 @@ static void gather_tile_rows(const pa_kv_source *kv, int32_t seq, int32_t kv_hea
 
 /* A tiled cache's tiles are read in place by the tiles' kernels where the
  * dtype pair has them, through rows unpacked per tile otherwise. */
-static int reads_tiles(const pa_attention_call *c) { return c->kv.tiled && c->ops->qk_tiled; }
+static int reads_tiles(const pa_attention_call *c) {
+  return c->kv.tiled && c->ops->qk_tiled &&
+         (size_t)c->layer->head_size % c->ops->tiled_head_multiple == 0;
+}
 
 static char *out_row(const pa_attention_call *c, int64_t row, int32_t head) {
   int64_t head_bytes = (int64_t)c->layer->head_size * (int64_t)pa_dtype_size(c->layer->dtype);
@@ -322,8 +325,7 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
   int tiles = reads_tiles(c);
   /* The tiles' kernels take requests on a direct item (a decode streaming
    * its keys), not on a packed one (docs/xeon-amx.md). */
-  pa_prefetch *requests =
-      c->ops->packed_unprefetched && (!tiles || item_is_packed(c, item)) ? NULL : ahead;
+  pa_prefetch *requests = c->ops->packed_unprefetched ? NULL : ahead;
   for (size_t kv = 0; kv < kv_count; kv++) {
     const void **k = NULL, **v = NULL;
     if (tiles) {
@@ -349,8 +351,8 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
       softmax_rows(c, s, first, keys, r0, m, all_visible);
       pa_prefetch_begin(ahead, share);
       if (tiles) {
-        c->ops->pv_tiled(m, keys, d, scores, tile, v, (size_t)c->kv.block_size, o, s->ldo,
-                         s->rescale + r0, requests);
+        c->ops->pv_tiled(m, keys, d, scores, tile, v, (size_t)c->kv.block_size, s->v_packed, o,
+                         s->ldo, s->rescale + r0, requests);
       } else {
         c->ops->pv_packed(m, keys, d, scores, tile, s->v_packed, o, s->ldo, s->rescale + r0,
                           requests);
@@ -431,10 +433,12 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   int64_t keys = hi > lo ? hi - lo : 0; /* lo > hi when no row sees a key */
   size_t tile = item_is_packed(c, item) ? lds_tile : direct_tile(&c->kv, keys, lds_tile);
   if (reads_tiles(c)) {
-    /* The tiles' kernels take keys from a multiple of PA_TILED_STEP on, in
-     * tiles of whole steps (the keys before the item's are masked). */
+    /* The tiles' kernels take keys from a multiple of PA_TILED_STEP on (the
+     * keys before the item's are masked), and whole key tiles: each call
+     * loads and releases the tile configuration, a cost that short direct
+     * tiles would pay several times over (docs/xeon-amx.md). */
     lo = lo < hi ? lo / PA_TILED_STEP * PA_TILED_STEP : lo;
-    tile = (tile + PA_TILED_STEP - 1) / PA_TILED_STEP * PA_TILED_STEP;
+    tile = lds_tile;
   }
   float *partial = NULL; /* a split's O, max and sum per row, for merge_rows */
   if (item->split >= 0) {

@@ -15,6 +15,7 @@
 #include "dispatch.h"
 #include "kernels/codecs.h"
 #include "kernels/prefetch.h"
+#include "reference.h"
 #include "test_util.h"
 
 static const char *g_family;
@@ -650,7 +651,214 @@ static void test_fp8_codes(const pa_kernels *k, const pa_kernels *s, tu_rng *rng
   }
 }
 
-static void test_family(pa_isa isa, int bf16_dot, const pa_kernels *scalar, tu_rng *rng) {
+/* ---- tiled caches (PA_KV_TILED) --------------------------------------------- */
+
+/* Where element e of token t of a tiled tile lies, in elements: the
+ * reference's ref_tile_offset, written from the header (not common.h). */
+static size_t tiled_at(int side, size_t block_size, size_t d, size_t t, size_t e) {
+  return (size_t)ref_tile_offset(REF_TILED, side, (int)block_size, (int)d, (int)t, (int)e);
+}
+
+/* unpack_tiled[side](rows, anchors, n, d, size, block_size): row i holds
+ * the elements of the key or value anchored at anchors[i] (where its
+ * element 0 lies), for element sizes 1, 2 and 4; tokens in any order, from
+ * two tiles (a range of keys across blocks), against the header's order. */
+static void test_unpack_tiled(const pa_kernels *k, tu_rng *rng) {
+  static const size_t block_sizes[] = {16, 32, 48, 128}, heads[] = {16, 48, 80, 128, 256};
+  static const size_t sizes[] = {1, 2, 4};
+  for (size_t si = 0; si < COUNT(sizes); si++) {
+    for (size_t hi = 0; hi < COUNT(heads); hi++) {
+      size_t size = sizes[si], d = heads[hi];
+      size_t bs = block_sizes[(size_t)tu_int(rng, 0, (int)COUNT(block_sizes) - 1)];
+      size_t tile = bs * d * size, n = (size_t)tu_int(rng, 1, (int)(2 * bs));
+      unsigned char *tiles = malloc(2 * tile + 3), *out = malloc(n * d * size + 1);
+      const void **anchors = malloc(n * sizeof(void *));
+      size_t *tok = malloc(n * sizeof(size_t)), *which = malloc(n * sizeof(size_t));
+      unsigned char *base = tiles + (size == 1); /* an odd address for 1-byte elements */
+      for (int side = 0; side < 2; side++) {
+        for (size_t i = 0; i < 2 * tile; i++) base[i] = (unsigned char)tu_next(rng);
+        for (size_t i = 0; i < n; i++) {
+          which[i] = (size_t)tu_int(rng, 0, 1);
+          tok[i] = i < bs ? i : (size_t)tu_int(rng, 0, (int)bs - 1); /* all, then any */
+          anchors[i] = base + which[i] * tile + tiled_at(side, bs, d, tok[i], 0) * size;
+        }
+        memset(out, 0xA5, n * d * size);
+        k->unpack_tiled[side](out, anchors, n, d, size, bs);
+        long bad = 0;
+        for (size_t i = 0; i < n; i++)
+          for (size_t e = 0; e < d; e++) {
+            const unsigned char *want =
+                base + which[i] * tile + tiled_at(side, bs, d, tok[i], e) * size;
+            if (memcmp(out + (i * d + e) * size, want, size) != 0 && bad++ < 3)
+              CHECK(
+                  0,
+                  "unpack_tiled[%s] size %zu block_size %zu d %zu: row %zu (token %zu) element %zu",
+                  side ? "values" : "keys", size, bs, d, i, tok[i], e);
+          }
+        CHECK(bad == 0, "unpack_tiled[%s] size %zu block_size %zu d %zu n %zu: %ld elements wrong",
+              side ? "values" : "keys", size, bs, d, n, bad);
+      }
+      free(tiles), free(out), free(anchors), free(tok), free(which);
+    }
+  }
+}
+
+/* A NaN of each cache dtype, as stored. */
+static void store_nan(pa_dtype dtype, void *at) {
+  switch (dtype) {
+    case PA_F32: *(float *)at = NAN; break;
+    case PA_F16: *(uint16_t *)at = 0x7E00u; break;
+    case PA_BF16: *(uint16_t *)at = 0x7FC0u; break;
+    case PA_FP8_E4M3: *(uint8_t *)at = 0x7Fu; break;
+    case PA_FP8_E5M2: *(uint8_t *)at = 0x7Eu; break;
+  }
+}
+
+static const size_t g_tiled_keys[] = {1, 2, 5, 15, 16, 17, 31, 32, 33, 47, 64, 100, 127, 128};
+static const size_t g_tiled_heads[] = {32, 64, 96, 128, 256};
+
+/* The products that read a tiled cache in place (qk_tiled, pv_tiled),
+ * where a family has them for a dtype pair, against the scalar
+ * specification: the tiles unpacked into rows (the scalar unpack, checked
+ * above against the header's order), then the scalar pack and packed
+ * kernels. Keys [0, n) start a sequence's block (a multiple of 32 keys);
+ * their blocks lie scattered. Keys past n hold NaN: in their 16-token group
+ * (keys) and their value pair (poison 0, the contract's minimum), or every
+ * token of the blocks past n (poison 1, what a cache's unowned slots hold);
+ * none may reach S's first n columns or O. S's columns past n rounded up
+ * to 16 keep what they held. Head sizes are multiples of 32. */
+static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, const pa_kernels *spec,
+                                pa_dtype act, pa_dtype cache, tu_rng *rng) {
+  static const size_t block_sizes[] = {16, 32, 48, 128};
+  size_t size = pa_dtype_size(cache), act_size = pa_dtype_size(act);
+  for (size_t it = 0; it < 2 * COUNT(g_tiled_heads); it++) {
+    int poison = (int)(it % 2);
+    size_t d = g_tiled_heads[it / 2];
+    size_t n = g_tiled_keys[(size_t)tu_int(rng, 0, (int)COUNT(g_tiled_keys) - 1)];
+    size_t bs = block_sizes[(size_t)tu_int(rng, 0, (int)COUNT(block_sizes) - 1)];
+    size_t m = g_packed_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_packed_rows) - 1))];
+    size_t used = (n + bs - 1) / bs, slots = used + 2, tile = bs * d * size;
+    size_t ldq = (d + 63) / 64 * 64 + 2, lds = PA_PACK_KEYS + 3, ldo = d + 1;
+    /* Blocks in shuffled slots of one buffer per side. */
+    size_t order[PA_PACK_KEYS + 2];
+    for (size_t b = 0; b < slots; b++) order[b] = b;
+    for (size_t b = slots - 1; b > 0; b--) {
+      size_t j = (size_t)tu_int(rng, 0, (int)b), x = order[b];
+      order[b] = order[j];
+      order[j] = x;
+    }
+    unsigned char *side_buf[2];
+    const void **anchors[2];
+    rows unpacked[2];
+    for (int side = 0; side < 2; side++) {
+      side_buf[side] = malloc(slots * tile);
+      random_elements(rng, cache, side_buf[side], slots * bs * d);
+      anchors[side] = malloc(n * sizeof(void *));
+      for (size_t j = 0; j < n; j++)
+        anchors[side][j] =
+            side_buf[side] + order[j / bs] * tile + tiled_at(side, bs, d, j % bs, 0) * size;
+    }
+    /* NaN past n. */
+    size_t last = (n - 1) / bs, end = poison ? (last + 1) * bs : 0;
+    for (size_t t = n; t < (poison ? end : (n + 15) / 16 * 16); t++)
+      for (size_t e = 0; e < d; e++)
+        store_nan(cache, side_buf[0] + order[t / bs] * tile + tiled_at(0, bs, d, t % bs, e) * size);
+    for (size_t t = n; t < (poison ? end : n + (n % 2)); t++)
+      for (size_t e = 0; e < d; e++)
+        store_nan(cache, side_buf[1] + order[t / bs] * tile + tiled_at(1, bs, d, t % bs, e) * size);
+    if (poison) /* the spare blocks: free slots */
+      for (size_t b = used; b < slots; b++)
+        for (size_t t = 0; t < bs; t++)
+          for (size_t e = 0; e < d; e++)
+            for (int side = 0; side < 2; side++)
+              store_nan(cache,
+                        side_buf[side] + order[b] * tile + tiled_at(side, bs, d, t, e) * size);
+    for (int side = 0; side < 2; side++) {
+      unpacked[side].block = malloc(n * d * size + 1);
+      spec->unpack_tiled[side](unpacked[side].block, anchors[side], n, d, size, bs);
+      for (size_t j = 0; j < n; j++)
+        unpacked[side].ptr[j] = (const char *)unpacked[side].block + j * d * size;
+    }
+
+    void *q_act = malloc(m * ldq * 4), *q_k = malloc(m * ldq * 4), *q_s = malloc(m * ldq * 4);
+    void *sp = malloc(pa_packed_bytes(d));
+    float *got = malloc(m * lds * 4), *want = malloc(m * lds * 4), *p = malloc(m * lds * 4);
+    float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4), *rescale = malloc(m * 4);
+    random_elements(rng, act, q_act, m * ldq);
+    for (size_t i = 0; i < m; i++) {
+      k->load_q_packed((char *)q_k + i * ldq * k->q_size, (char *)q_act + i * ldq * act_size, d,
+                       1.0f);
+      s->load_q_packed((char *)q_s + i * ldq * s->q_size, (char *)q_act + i * ldq * act_size, d,
+                       1.0f);
+    }
+    for (size_t i = 0; i < m * lds; i++) got[i] = -1234.5f;
+    k->qk_tiled(m, n, d, q_k, ldq, anchors[0], got, lds, NULL);
+    s->pack_k(sp, unpacked[0].ptr, n, d);
+    s->qk_packed(m, n, d, q_s, ldq, sp, want, lds, NULL);
+    size_t written = (n + 15) / 16 * 16;
+    long bad = 0;
+    for (size_t i = 0; i < m; i++) {
+      for (size_t j = 0; j < n; j++) {
+        double scale =
+            qk_scale(act, (char *)q_act + i * ldq * act_size, cache, unpacked[0].ptr[j], d);
+        if (!rel_close(got[i * lds + j], want[i * lds + j], scale, 1e-5) && bad++ < 3)
+          CHECK(0,
+                "qk_tiled[%s,%s] poison=%d m=%zu n=%zu d=%zu block_size=%zu S[%zu][%zu] %g vs %g",
+                pa_dtype_name(act), pa_dtype_name(cache), poison, m, n, d, bs, i, j,
+                got[i * lds + j], want[i * lds + j]);
+      }
+      for (size_t j = written; j < lds; j++)
+        if (got[i * lds + j] != -1234.5f && bad++ < 3)
+          CHECK(0, "qk_tiled[%s,%s] m=%zu n=%zu d=%zu wrote S[%zu][%zu], past n rounded up to 16",
+                pa_dtype_name(act), pa_dtype_name(cache), m, n, d, i, j);
+    }
+    CHECK(bad == 0, "qk_tiled[%s,%s] poison=%d m=%zu n=%zu d=%zu block_size=%zu: %ld wrong",
+          pa_dtype_name(act), pa_dtype_name(cache), poison, m, n, d, bs, bad);
+
+    /* P rounded to bf16 (a bf16 P V rounds it), zeros past n. */
+    for (size_t i = 0; i < m; i++) {
+      for (size_t j = 0; j < lds; j++) {
+        float x = j < n && tu_int(rng, 0, 3) ? (float)tu_range(rng, 0, 1) : 0.0f;
+        p[i * lds + j] = pa_bf16_to_f32(pa_f32_to_bf16(x));
+      }
+      for (size_t e = 0; e < ldo; e++)
+        o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
+      rescale[i] = random_rescale(rng, o_got + i * ldo, o_want + i * ldo, d);
+    }
+    void *stage = malloc(pa_packed_bytes(d)); /* the kernel's scratch, stale NaN */
+    memset(stage, 0xff, pa_packed_bytes(d));
+    k->pv_tiled(m, n, d, p, lds, anchors[1], bs, stage, o_got, ldo, rescale, NULL);
+    free(stage);
+    s->pack_v(sp, unpacked[1].ptr, n, d);
+    s->pv_packed(m, n, d, p, lds, sp, o_want, ldo, rescale, NULL);
+    bad = 0;
+    for (size_t i = 0; i < m; i++) {
+      for (size_t e = 0; e < ldo; e++) {
+        int ok = e < d ? rel_close(o_got[i * ldo + e], o_want[i * ldo + e],
+                                   pv_scale(p + i * lds, cache, unpacked[1].ptr, n, e,
+                                            o_want[i * ldo + e]),
+                                   1e-5)
+                       : o_got[i * ldo + e] == o_want[i * ldo + e];
+        if (!ok && bad++ < 3)
+          CHECK(0,
+                "pv_tiled[%s,%s] poison=%d m=%zu n=%zu d=%zu block_size=%zu O[%zu][%zu] %g vs %g",
+                pa_dtype_name(act), pa_dtype_name(cache), poison, m, n, d, bs, i, e,
+                o_got[i * ldo + e], o_want[i * ldo + e]);
+      }
+    }
+    CHECK(bad == 0, "pv_tiled[%s,%s] poison=%d m=%zu n=%zu d=%zu block_size=%zu: %ld wrong",
+          pa_dtype_name(act), pa_dtype_name(cache), poison, m, n, d, bs, bad);
+    for (int side = 0; side < 2; side++)
+      free(side_buf[side]), free(anchors[side]), free(unpacked[side].block);
+    free(q_act), free(q_k), free(q_s), free(sp), free(got), free(want), free(p);
+    free(o_got), free(o_want), free(rescale);
+  }
+}
+
+/* tiled_rng: the tiled caches' tests draw from their own generator, so the
+ * other tests' data stays what it was before them. */
+static void test_family(pa_isa isa, int bf16_dot, const pa_kernels *scalar, tu_rng *rng,
+                        tu_rng *tiled_rng) {
   pa_kernels k;
   pa_kernels_build(isa, bf16_dot, &k);
   static char name[64];
@@ -664,14 +872,26 @@ static void test_family(pa_isa isa, int bf16_dot, const pa_kernels *scalar, tu_r
   test_fp8_codes(&k, scalar, rng);
   test_softmax(&k, scalar, rng);
   test_softmax_nan(&k, scalar, rng);
+  test_unpack_tiled(&k, tiled_rng);
+  int tiled_pairs = 0;
   for (int a = 0; a < PA_NUM_ACT_DTYPES; a++) {
     for (int c = 0; c < PA_NUM_DTYPES; c++) {
       const pa_attn_ops *ops = &k.attn[a][c];
       test_packed(ops, &scalar->attn[a][c], (pa_dtype)a, (pa_dtype)c, rng);
       if (ops->qk != k.qk[c]) /* a direct kernel pair of its own */
         test_narrow_direct(ops, scalar, (pa_dtype)a, (pa_dtype)c, rng);
+      if (ops->qk_tiled) {
+        CHECK(ops->pv_tiled != NULL, "[%s,%s] has qk_tiled without pv_tiled",
+              pa_dtype_name((pa_dtype)a), pa_dtype_name((pa_dtype)c));
+        if (!ops->pv_tiled) continue;
+        test_tiled_products(ops, &scalar->attn[a][c], scalar, (pa_dtype)a, (pa_dtype)c, tiled_rng);
+        tiled_pairs++;
+      }
     }
   }
+  if (!tiled_pairs)
+    printf("test_kernels: %s: no dtype pair reads tiled caches in place (qk_tiled), skipped\n",
+           g_family);
   printf("test_kernels: %s family checked against scalar\n", g_family);
 }
 
@@ -683,18 +903,24 @@ int main(int argc, char **argv) {
          (unsigned long long)seed);
   pa_kernels scalar;
   pa_kernels_build(PA_ISA_SCALAR, 0, &scalar);
+  /* The scalar unpack of tiled caches is the specification of the tiled
+   * products: checked against the header's order itself. */
+  tu_rng tiled_rng;
+  tu_rng_seed(&tiled_rng, tu_mix(seed, 0x711ED));
+  g_family = "scalar";
+  test_unpack_tiled(&scalar, &tiled_rng);
   pa_isa best = pa_isa_detect();
   if (best == PA_ISA_SCALAR) {
     /* The scalar kernels are the specification: with no vector family
      * there is nothing to compare them with. */
     printf("test_kernels: no vector family on this CPU, nothing to compare\n");
-    return 0;
+    return tu_finish("test_kernels");
   }
   /* The paths with bf16 dot products run with them and with the FMA units
    * for bf16 caches instead: which one a context takes depends on the CPU. */
   for (int isa = PA_ISA_AVX2; isa <= (int)best; isa++) {
-    test_family((pa_isa)isa, 1, &scalar, &rng);
-    if (isa >= PA_ISA_AVX512BF16) test_family((pa_isa)isa, 0, &scalar, &rng);
+    test_family((pa_isa)isa, 1, &scalar, &rng, &tiled_rng);
+    if (isa >= PA_ISA_AVX512BF16) test_family((pa_isa)isa, 0, &scalar, &rng, &tiled_rng);
   }
   for (int isa = (int)best + 1; isa < PA_NUM_ISAS; isa++) {
     printf("test_kernels: %s family not checked: this CPU%s does not provide it\n",

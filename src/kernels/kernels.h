@@ -142,9 +142,11 @@ enum { PA_TILED_STEP = 32 };
 typedef void (*pa_qk_tiled_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                                const void *const *k_anchors, float *s, size_t lds,
                                pa_prefetch *prefetch);
+/* P V also takes `stage`, pa_packed_bytes(d) bytes of scratch it may use
+ * (for a copy of V where the blocks hold no whole steps of the tiles). */
 typedef void (*pa_pv_tiled_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
-                               const void *const *v_anchors, size_t block_size, float *o,
-                               size_t ldo, const float *rescale, pa_prefetch *prefetch);
+                               const void *const *v_anchors, size_t block_size, void *stage,
+                               float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch);
 
 /* The kernels attention runs for one (activation, cache) dtype pair. Q rows
  * sit in scratch with a stride of d rounded up to 64 elements; Q is loaded
@@ -176,6 +178,7 @@ typedef struct pa_attn_ops {
    * kernels, without packing); NULL: such a cache is unpacked per tile. */
   pa_qk_tiled_fn qk_tiled;
   pa_pv_tiled_fn pv_tiled;
+  size_t tiled_head_multiple; /* they serve head sizes that are multiples of this */
 } pa_attn_ops;
 
 typedef struct pa_kernels {

@@ -1,26 +1,37 @@
-/* Packed-tile micro-kernels for prefill on AMX tiles (tdpbf16ps): the bf16
- * pair layouts of kernels.h are the tiles' own. Q K^T: A = 16 query rows x
- * 32 elements of Q, B = 16 pairs of K^T x 16 keys; P V: A = 16 rows x 32
- * keys of P as bf16, B = 16 key pairs of V x 16 columns. Every tile is 16
- * rows of 64 bytes: two row blocks by two column blocks of C, and the A and
- * B tiles they share, fill the eight tile registers.
+/* Micro-kernels on AMX tiles (tdpbf16ps) for bf16 activations: Q K^T with
+ * A = 16 query rows x 32 elements of Q and B = 16 pairs of K^T x 16 keys;
+ * P V with A = 16 rows x 32 keys of P as bf16 and B = 16 key pairs of V x
+ * 16 columns. B tiles come from the packed layouts of
+ * kernels.h (the packed kernels, prefill) or straight from a tiled cache
+ * (pa_kv_layout; the tiled kernels, every item over such a cache): the
+ * same loops over B tiles addressed two ways. Two row blocks by two column
+ * blocks of C, and the A and B tiles they share, fill the eight tile
+ * registers.
  *
- * The tiles take 32-element steps whole: head sizes that are not a
- * multiple of 32 go to the AVX512-BF16 kernels on the same layouts. The
- * last rows of a call take tiles of fewer rows (a second configuration).
- * The tile configuration is loaded at every call and released at its end:
- * the thread's other code (a GEMM library) may use the tiles with its own. */
+ * The tiles take 32-element steps of the head whole: head sizes that are
+ * not a multiple of 32 go to the AVX512-BF16 kernels on the packed layouts
+ * (and read a tiled cache through rows). The last rows of a call take
+ * tiles of fewer rows (a second configuration). The tile configuration is
+ * loaded at every call and released at its end: the thread's other code
+ * (a GEMM library) may use the tiles with its own. */
 #include <immintrin.h>
 #include <string.h>
 
 #include "avx512bf16-common.h"
 #include "prefetch.h"
 
-enum { PA_TILE_ROWS = 16, PA_TILE_STEP = 32 /* bf16 elements per tile row */ };
+enum {
+  PA_TILE_ROWS = 16,
+  PA_TILE_STEP = 32,                            /* bf16 elements per A tile row */
+  PA_GROUP_KEYS = 16,                           /* keys per Q K^T B tile */
+  PA_MAX_GROUPS = PA_PACK_KEYS / PA_GROUP_KEYS, /* per call */
+  PA_MAX_STEPS = PA_PACK_KEYS / 32,             /* P V key steps per call */
+};
 
 /* The 64-byte tile configuration (palette 1): byte 0 the palette, bytes
  * 16 + 2t the bytes per row of tile t, byte 48 + t its rows. The C and A
- * tiles (0-5) take `rows` rows (16, or a call's last rows), the B tiles 16. */
+ * tiles (0-5) take `rows` rows (16, or a call's last rows), the B tiles 16;
+ * every row is 64 bytes. */
 static void load_tile_config(int rows) {
   uint8_t config[64];
   memset(config, 0, sizeof config);
@@ -31,13 +42,6 @@ static void load_tile_config(int rows) {
     config[48 + t] = (uint8_t)(t < 6 ? rows : PA_TILE_ROWS);
   }
   _tile_loadconfig(config);
-}
-
-/* The share of the call's requests that rows [first, first + rows) of m
- * carry, issued as those rows start (tile blocks are long: each is a step). */
-static void prefetch_rows(pa_prefetch *prefetch, size_t first, size_t rows, size_t m) {
-  pa_prefetch_span(prefetch, first, rows, m, 1);
-  pa_prefetch_step(prefetch, 1);
 }
 
 /* C tiles 0-3 (row block r, column block c: tile 2r + c), A tiles 4-5, B
@@ -51,10 +55,12 @@ static void prefetch_rows(pa_prefetch *prefetch, size_t first, size_t rows, size
 #define PA_B0 6
 #define PA_B1 7
 
+/* ---- Q K^T ---------------------------------------------------------------- */
+
 /* S for 32 rows x 32 keys (rows and keys PA_TILE_ROWS apart) over d / 32
- * steps; K^T pair rows are PA_PACK_KEYS pairs long. */
-static void qk_block_2x2(size_t d, const uint16_t *q, size_t ldq, const uint32_t *kt, float *s,
-                         size_t lds) {
+ * steps: keys of groups b0 and b1, whose pair rows are ldb bytes apart. */
+static void qk_block_2x2(size_t d, const uint16_t *q, size_t ldq, const char *b0, const char *b1,
+                         size_t ldb, float *s, size_t lds) {
   _tile_zero(PA_C00);
   _tile_zero(PA_C01);
   _tile_zero(PA_C10);
@@ -62,8 +68,8 @@ static void qk_block_2x2(size_t d, const uint16_t *q, size_t ldq, const uint32_t
   for (size_t e = 0; e < d; e += PA_TILE_STEP) {
     _tile_loadd(PA_A0, q + e, ldq * 2);
     _tile_loadd(PA_A1, q + PA_TILE_ROWS * ldq + e, ldq * 2);
-    _tile_loadd(PA_B0, kt + (e / 2) * PA_PACK_KEYS, PA_PACK_KEYS * 4);
-    _tile_loadd(PA_B1, kt + (e / 2) * PA_PACK_KEYS + 16, PA_PACK_KEYS * 4);
+    _tile_loadd(PA_B0, b0 + e / 2 * ldb, ldb);
+    _tile_loadd(PA_B1, b1 + e / 2 * ldb, ldb);
     _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
     _tile_dpbf16ps(PA_C01, PA_A0, PA_B1);
     _tile_dpbf16ps(PA_C10, PA_A1, PA_B0);
@@ -75,47 +81,136 @@ static void qk_block_2x2(size_t d, const uint16_t *q, size_t ldq, const uint32_t
   _tile_stored(PA_C11, s + PA_TILE_ROWS * lds + 16, lds * 4);
 }
 
-/* The same for 16 rows x 16 keys (the blocks a 2 x 2 does not fill). */
-static void qk_block_1x1(size_t d, const uint16_t *q, size_t ldq, const uint32_t *kt, float *s,
-                         size_t lds) {
+/* One row block (the tiles' configured rows) x the keys of groups b0 and b1. */
+static void qk_block_1x2(size_t d, const uint16_t *q, size_t ldq, const char *b0, const char *b1,
+                         size_t ldb, float *s, size_t lds) {
+  _tile_zero(PA_C00);
+  _tile_zero(PA_C01);
+  for (size_t e = 0; e < d; e += PA_TILE_STEP) {
+    _tile_loadd(PA_A0, q + e, ldq * 2);
+    _tile_loadd(PA_B0, b0 + e / 2 * ldb, ldb);
+    _tile_loadd(PA_B1, b1 + e / 2 * ldb, ldb);
+    _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
+    _tile_dpbf16ps(PA_C01, PA_A0, PA_B1);
+  }
+  _tile_stored(PA_C00, s, lds * 4);
+  _tile_stored(PA_C01, s + 16, lds * 4);
+}
+
+static void qk_block_1x1(size_t d, const uint16_t *q, size_t ldq, const char *b0, size_t ldb,
+                         float *s, size_t lds) {
   _tile_zero(PA_C00);
   for (size_t e = 0; e < d; e += PA_TILE_STEP) {
     _tile_loadd(PA_A0, q + e, ldq * 2);
-    _tile_loadd(PA_B0, kt + (e / 2) * PA_PACK_KEYS, PA_PACK_KEYS * 4);
+    _tile_loadd(PA_B0, b0 + e / 2 * ldb, ldb);
     _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
   }
   _tile_stored(PA_C00, s, lds * 4);
 }
 
-/* Columns past n up to a multiple of 16 are written (zeros' products: the
- * K^T tile holds zeros there up to a multiple of 64). */
-static void pa_qk_packed_bf16_amx(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
-                                  const void *k_packed, float *s, size_t lds,
-                                  pa_prefetch *prefetch) {
-  const uint16_t *q = q_rows;
-  const uint32_t *kt = k_packed;
-  if (d % PA_TILE_STEP) {
-    pa_qk_packed_bf16_avx512bf16(m, n, d, q_rows, ldq, k_packed, s, lds, prefetch);
-    return;
+/* The keys of one row block (rows of the configuration) over all groups. */
+static void qk_row_block(size_t count, size_t d, const uint16_t *q, size_t ldq,
+                         const char *const *groups, size_t ldb, float *s, size_t lds,
+                         pa_prefetch *prefetch) {
+  size_t g = 0;
+  for (; g + 2 <= count; g += 2) {
+    qk_block_1x2(d, q, ldq, groups[g], groups[g + 1], ldb, s + g * PA_GROUP_KEYS, lds);
+    pa_prefetch_step(prefetch, g / 2 + 1);
   }
-  size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS, keys = (n + 15) / 16 * 16, i = 0;
+  if (g < count) qk_block_1x1(d, q, ldq, groups[g], ldb, s + g * PA_GROUP_KEYS, lds);
+  pa_prefetch_step(prefetch, (count + 1) / 2);
+}
+
+/* S[i][j] for i < m and j < n rounded up to 16, group g holding keys
+ * [16g, 16g + 16). Requests spread over each row block's groups. */
+static void qk_amx(size_t m, size_t n, size_t d, const uint16_t *q, size_t ldq,
+                   const char *const *groups, size_t ldb, float *s, size_t lds,
+                   pa_prefetch *prefetch) {
+  size_t count = (n + PA_GROUP_KEYS - 1) / PA_GROUP_KEYS, pairs = (count + 1) / 2;
+  size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS, i = 0;
   load_tile_config(PA_TILE_ROWS);
   for (; i + 2 * PA_TILE_ROWS <= whole; i += 2 * PA_TILE_ROWS) {
-    prefetch_rows(prefetch, i, 2 * PA_TILE_ROWS, m);
-    size_t j = 0;
-    for (; j + 32 <= keys; j += 32) qk_block_2x2(d, q + i * ldq, ldq, kt + j, s + i * lds + j, lds);
-    for (; j < keys; j += 16) {
-      for (size_t r = i; r < i + 2 * PA_TILE_ROWS; r += PA_TILE_ROWS)
-        qk_block_1x1(d, q + r * ldq, ldq, kt + j, s + r * lds + j, lds);
+    pa_prefetch_span(prefetch, i, 2 * PA_TILE_ROWS, m, pairs);
+    size_t g = 0;
+    for (; g + 2 <= count; g += 2) {
+      qk_block_2x2(d, q + i * ldq, ldq, groups[g], groups[g + 1], ldb,
+                   s + i * lds + g * PA_GROUP_KEYS, lds);
+      pa_prefetch_step(prefetch, g / 2 + 1);
     }
+    for (size_t r = i; g < count && r < i + 2 * PA_TILE_ROWS; r += PA_TILE_ROWS)
+      qk_block_1x1(d, q + r * ldq, ldq, groups[g], ldb, s + r * lds + g * PA_GROUP_KEYS, lds);
+    pa_prefetch_step(prefetch, pairs);
   }
   for (; i < m; i += PA_TILE_ROWS) {
     if (i == whole) load_tile_config((int)(m - whole)); /* the last rows */
-    prefetch_rows(prefetch, i, PA_MIN(m - i, (size_t)PA_TILE_ROWS), m);
-    for (size_t j = 0; j < keys; j += 16)
-      qk_block_1x1(d, q + i * ldq, ldq, kt + j, s + i * lds + j, lds);
+    pa_prefetch_span(prefetch, i, PA_MIN(m - i, (size_t)PA_TILE_ROWS), m, pairs);
+    qk_row_block(count, d, q + i * ldq, ldq, groups, ldb, s + i * lds, lds, prefetch);
   }
   _tile_release();
+}
+
+/* Columns past n up to a multiple of 16 are written (zeros' products: the
+ * K^T tile holds zeros there up to a multiple of 64). */
+static void pa_qk_packed_bf16_amx(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                                  const void *k_packed, float *s, size_t lds,
+                                  pa_prefetch *prefetch) {
+  if (d % PA_TILE_STEP) {
+    pa_qk_packed_bf16_avx512bf16(m, n, d, q, ldq, k_packed, s, lds, prefetch);
+    return;
+  }
+  const char *groups[PA_MAX_GROUPS] = {0};
+  for (size_t g = 0; g * PA_GROUP_KEYS < n; g++)
+    groups[g] = (const char *)k_packed + g * PA_GROUP_KEYS * 4;
+  qk_amx(m, n, d, q, ldq, groups, PA_PACK_KEYS * 4, s, lds, prefetch);
+}
+
+/* A tiled cache's 16-token groups are B tiles as they lie: 64-byte pair
+ * rows, one after the other. */
+static void pa_qk_tiled_bf16_amx(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                                 const void *const *k_anchors, float *s, size_t lds,
+                                 pa_prefetch *prefetch) {
+  const char *groups[PA_MAX_GROUPS] = {0};
+  for (size_t g = 0; g * PA_GROUP_KEYS < n; g++) groups[g] = k_anchors[g * PA_GROUP_KEYS];
+  qk_amx(m, n, d, q, ldq, groups, 64, s, lds, prefetch);
+}
+
+/* ---- P V ------------------------------------------------------------------ */
+
+/* Where P V finds its B tiles: step t's 16 pair rows (its 32 keys' V, two
+ * keys a row) of the column group c are at step[t] + c * group_bytes, rows
+ * row_bytes apart. A tiled cache's last step may end inside a pair row
+ * group whose later keys hold anything: `tail` keys of it are the call's
+ * (0: the step is whole, or the rows past n are zeros, as packed). */
+typedef struct pa_pv_source {
+  const char *const *step;
+  size_t row_bytes, group_bytes, steps, tail;
+} pa_pv_source;
+
+/* The last step's rows of column group `offset` with the keys past `keep`
+ * zeroed, in `tile`. */
+static const char *clean_tail(const pa_pv_source *v, size_t offset, uint32_t tile[16][16]) {
+  const char *src = v->step[v->steps - 1] + offset;
+  for (size_t r = 0; r < PA_TILE_STEP / 2; r++) {
+    __m512i row = _mm512_setzero_si512();
+    if (2 * r + 1 < v->tail) {
+      row = _mm512_loadu_si512(src + r * v->row_bytes);
+    } else if (2 * r < v->tail) { /* the pair's second key is past the call's */
+      row = _mm512_and_si512(_mm512_loadu_si512(src + r * v->row_bytes), _mm512_set1_epi32(0xffff));
+    }
+    _mm512_storeu_si512(tile[r], row);
+  }
+  return (const char *)tile;
+}
+
+/* The B tile of step t, column group at byte `offset`. */
+static const char *pv_b(const pa_pv_source *v, size_t t, size_t offset, uint32_t tile[16][16],
+                        size_t *ldb) {
+  if (v->tail && t == v->steps - 1) {
+    *ldb = 64;
+    return clean_tail(v, offset, tile);
+  }
+  *ldb = v->row_bytes;
+  return v->step[t] + offset;
 }
 
 /* O rows [0, PA_TILE_ROWS) times their rescale factors (a zero factor
@@ -135,20 +230,23 @@ static void rescale_rows(float *o, size_t ldo, size_t d, const float *rescale, s
   }
 }
 
-/* O for 32 rows x 32 columns += P (as bf16 pairs, two row blocks) V over
- * `keys` keys (a multiple of 32: P and V hold zeros up to it). */
-static void pv_block_2x2(size_t keys, const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const uint32_t *v,
-                         size_t ldv, float *o, size_t ldo) {
-  const size_t lda = PA_PAIR_KEYS / 2 * 4, ldb = ldv * 4, ldc = ldo * 4;
+/* O for 32 rows x the column groups at byte offsets c0 and c1 (16 columns
+ * each) += P (bf16, two row blocks) V over every step. */
+static void pv_block_2x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_KEYS], size_t c0,
+                         size_t c1, float *o, size_t ldo) {
+  const size_t lda = PA_PAIR_KEYS * 2, ldc = ldo * 4;
+  uint32_t tail[2][16][16];
   _tile_loadd(PA_C00, o, ldc);
   _tile_loadd(PA_C01, o + 16, ldc);
   _tile_loadd(PA_C10, o + PA_TILE_ROWS * ldo, ldc);
   _tile_loadd(PA_C11, o + PA_TILE_ROWS * ldo + 16, ldc);
-  for (size_t j = 0; j < keys; j += PA_TILE_STEP) {
-    _tile_loadd(PA_A0, &pairs[0][j / 2], lda);
-    _tile_loadd(PA_A1, &pairs[PA_TILE_ROWS][j / 2], lda);
-    _tile_loadd(PA_B0, v + (j / 2) * ldv, ldb);
-    _tile_loadd(PA_B1, v + (j / 2) * ldv + 16, ldb);
+  for (size_t t = 0; t < v->steps; t++) {
+    size_t ld0, ld1, j = t * PA_TILE_STEP;
+    const char *b0 = pv_b(v, t, c0, tail[0], &ld0), *b1 = pv_b(v, t, c1, tail[1], &ld1);
+    _tile_loadd(PA_A0, &pairs[0][j], lda);
+    _tile_loadd(PA_A1, &pairs[PA_TILE_ROWS][j], lda);
+    _tile_loadd(PA_B0, b0, ld0);
+    _tile_loadd(PA_B1, b1, ld1);
     _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
     _tile_dpbf16ps(PA_C01, PA_A0, PA_B1);
     _tile_dpbf16ps(PA_C10, PA_A1, PA_B0);
@@ -160,48 +258,114 @@ static void pv_block_2x2(size_t keys, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
   _tile_stored(PA_C11, o + PA_TILE_ROWS * ldo + 16, ldc);
 }
 
-/* The same for 16 rows x 16 columns. */
-static void pv_block_1x1(size_t keys, const uint32_t (*pairs)[PA_PAIR_KEYS / 2], const uint32_t *v,
-                         size_t ldv, float *o, size_t ldo) {
-  _tile_loadd(PA_C00, o, ldo * 4);
-  for (size_t j = 0; j < keys; j += PA_TILE_STEP) {
-    _tile_loadd(PA_A0, &pairs[0][j / 2], PA_PAIR_KEYS / 2 * 4);
-    _tile_loadd(PA_B0, v + (j / 2) * ldv, ldv * 4);
+/* The same for one row block (the configuration's rows). */
+static void pv_block_1x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_KEYS], size_t c0,
+                         size_t c1, float *o, size_t ldo) {
+  const size_t lda = PA_PAIR_KEYS * 2, ldc = ldo * 4;
+  uint32_t tail[2][16][16];
+  _tile_loadd(PA_C00, o, ldc);
+  _tile_loadd(PA_C01, o + 16, ldc);
+  for (size_t t = 0; t < v->steps; t++) {
+    size_t ld0, ld1;
+    const char *b0 = pv_b(v, t, c0, tail[0], &ld0), *b1 = pv_b(v, t, c1, tail[1], &ld1);
+    _tile_loadd(PA_A0, &pairs[0][t * PA_TILE_STEP], lda);
+    _tile_loadd(PA_B0, b0, ld0);
+    _tile_loadd(PA_B1, b1, ld1);
     _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
+    _tile_dpbf16ps(PA_C01, PA_A0, PA_B1);
   }
-  _tile_stored(PA_C00, o, ldo * 4);
+  _tile_stored(PA_C00, o, ldc);
+  _tile_stored(PA_C01, o + 16, ldc);
+}
+
+/* O[i][:] = O[i][:] * rescale[i] + P[i][:n] V for i < m; d a multiple of 32. */
+static void pv_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp, const pa_pv_source *v,
+                   float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
+  size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS;
+  uint16_t pairs[2 * PA_TILE_ROWS][PA_PAIR_KEYS];
+  load_tile_config(PA_TILE_ROWS);
+  for (size_t i = 0; i < m;) {
+    int two = i + 2 * PA_TILE_ROWS <= whole;
+    size_t rows = two ? 2 * PA_TILE_ROWS : PA_MIN(m - i, (size_t)PA_TILE_ROWS);
+    if (i == whole && rows < PA_TILE_ROWS) load_tile_config((int)rows);
+    pa_prefetch_span(prefetch, i, rows, m, d / 32);
+    /* zeros past n, to a multiple of 32 */
+    pack_pairs((int)rows, n, p + i * ldp, ldp, (uint32_t(*)[PA_PAIR_KEYS / 2]) pairs);
+    rescale_rows(o + i * ldo, ldo, d, pa_rescale_from(rescale, i), rows);
+    for (size_t c = 0; c < d; c += 32) {
+      size_t c0 = c / 16 * v->group_bytes, c1 = c0 + v->group_bytes;
+      if (two) {
+        pv_block_2x2(v, pairs, c0, c1, o + i * ldo + c, ldo);
+      } else {
+        pv_block_1x2(v, pairs, c0, c1, o + i * ldo + c, ldo);
+      }
+      pa_prefetch_step(prefetch, c / 32 + 1);
+    }
+    i += rows;
+  }
+  _tile_release();
 }
 
 static void pa_pv_packed_bf16_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                                   const void *v_packed, float *o, size_t ldo, const float *rescale,
                                   pa_prefetch *prefetch) {
-  const uint32_t *v = v_packed;
   if (d % PA_TILE_STEP) {
     pa_pv_packed_bf16_avx512bf16(m, n, d, p, ldp, v_packed, o, ldo, rescale, prefetch);
     return;
   }
-  size_t ldv = (d + 15) / 16 * 16, keys = (n + PA_TILE_STEP - 1) / PA_TILE_STEP * PA_TILE_STEP;
-  size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS;
-  uint32_t pairs[2 * PA_TILE_ROWS][PA_PAIR_KEYS / 2];
-  load_tile_config(PA_TILE_ROWS);
-  for (size_t i = 0; i < m;) {
-    int two = i + 2 * PA_TILE_ROWS <= whole;
-    size_t rows = two ? 2 * PA_TILE_ROWS : PA_MIN(m - i, (size_t)PA_TILE_ROWS);
-    if (i == whole && rows < PA_TILE_ROWS) load_tile_config((int)rows); /* the last rows */
-    prefetch_rows(prefetch, i, rows, m);
-    pack_pairs((int)rows, n, p + i * ldp, ldp, pairs); /* zeros past n, to a multiple of 32 */
-    rescale_rows(o + i * ldo, ldo, d, pa_rescale_from(rescale, i), rows);
-    for (size_t c = 0; c < d; c += 32) {
-      if (two) {
-        pv_block_2x2(keys, pairs, v + c, ldv, o + i * ldo + c, ldo);
-      } else {
-        pv_block_1x1(keys, pairs, v + c, ldv, o + i * ldo + c, ldo);
-        pv_block_1x1(keys, pairs, v + c + 16, ldv, o + i * ldo + c + 16, ldo);
+  size_t ldv = (d + 15) / 16 * 16;
+  const char *step[PA_MAX_STEPS] = {0};
+  pa_pv_source v = {step, ldv * 4, 64, (n + PA_TILE_STEP - 1) / PA_TILE_STEP, 0};
+  for (size_t t = 0; t < v.steps; t++)
+    step[t] = (const char *)v_packed + t * (PA_TILE_STEP / 2) * ldv * 4;
+  pv_amx(m, n, d, p, ldp, &v, o, ldo, rescale, prefetch);
+}
+
+/* V of keys [0, n) copied from a tiled cache into the packed pair layout
+ * (each 16-key group's column groups are 8 pair rows of 64 bytes there and
+ * here), with the keys past n zeroed up to a multiple of 32. */
+static void stage_values(uint32_t *dst, const void *const *v_anchors, size_t n, size_t d,
+                         size_t block_size) {
+  size_t ldv = (d + 15) / 16 * 16, group_bytes = PA_GROUP_KEYS * block_size * 2;
+  for (size_t j = 0; j < n; j += PA_GROUP_KEYS) {
+    const char *src = v_anchors[j];
+    size_t keep = PA_MIN(n - j, (size_t)PA_GROUP_KEYS);
+    for (size_t g = 0; g < d / PA_GROUP_KEYS; g++) {
+      for (size_t r = 0; r < PA_GROUP_KEYS / 2; r++) {
+        __m512i row = _mm512_setzero_si512();
+        const char *at = src + g * group_bytes + r * 64;
+        if (r < keep / 2) {
+          row = _mm512_loadu_si512(at);
+        } else if (r < (keep + 1) / 2) { /* the pair's second key is past n */
+          row = _mm512_and_si512(_mm512_loadu_si512(at), _mm512_set1_epi32(0xffff));
+        }
+        _mm512_storeu_si512(dst + (j / 2 + r) * ldv + g * PA_GROUP_KEYS, row);
       }
     }
-    i += rows;
   }
-  _tile_release();
+  size_t end = (n + PA_TILE_STEP - 1) / PA_TILE_STEP * PA_TILE_STEP / 2;
+  size_t first = (n + PA_GROUP_KEYS - 1) / PA_GROUP_KEYS * PA_GROUP_KEYS / 2;
+  if (end > first) memset(dst + first * ldv, 0, (end - first) * ldv * 4);
+}
+
+/* A tiled cache's values: a column group is block_size / 2 pair rows of 64
+ * bytes, read in steps of 32 keys where a block holds whole steps; other
+ * block sizes are staged in the packed layout first (steps of 16 keys,
+ * half a tile's work per product, cost more than the copy). */
+static void pa_pv_tiled_bf16_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                 const void *const *v_anchors, size_t block_size, void *stage,
+                                 float *o, size_t ldo, const float *rescale,
+                                 pa_prefetch *prefetch) {
+  if (block_size % PA_TILE_STEP) {
+    stage_values(stage, v_anchors, n, d, block_size);
+    pa_pv_packed_bf16_amx(m, n, d, p, ldp, stage, o, ldo, rescale, prefetch);
+    return;
+  }
+  const char *step[PA_MAX_STEPS] = {0};
+  pa_pv_source v = {step, 64, PA_GROUP_KEYS * block_size * 2, (n + PA_TILE_STEP - 1) / PA_TILE_STEP,
+                    n % PA_TILE_STEP};
+  for (size_t t = 0; t < v.steps; t++) step[t] = v_anchors[t * PA_TILE_STEP];
+  pv_amx(m, n, d, p, ldp, &v, o, ldo, rescale, prefetch);
 }
 
 /* V pairs as prefill-avx512bf16.c packs them, with zero pairs after the
@@ -225,7 +389,8 @@ PA_DEFINE_PACK_V(e4m3)
 PA_DEFINE_PACK_V(e5m2)
 
 /* Over the AVX512-BF16 registration: the bf16-activation pairs whose packed
- * kernels use the bf16 pair layouts get the tiles for their products. */
+ * kernels use the bf16 pair layouts get the tiles for their products, and
+ * a tiled bf16 cache is read in place. */
 void pa_prefill_kernels_amx(pa_kernels *k) {
   static const pa_pack_fn pack_v[PA_NUM_DTYPES] = {[PA_BF16] = pa_pack_v_bf16_amx,
                                                    [PA_FP8_E4M3] = pa_pack_v_e4m3_amx,
@@ -240,4 +405,8 @@ void pa_prefill_kernels_amx(pa_kernels *k) {
      * (docs/xeon-amx.md); the tiles' reads are in order within a block. */
     ops->packed_unprefetched = 1;
   }
+  pa_attn_ops *tiled = &k->attn[PA_BF16][PA_BF16];
+  tiled->qk_tiled = pa_qk_tiled_bf16_amx;
+  tiled->pv_tiled = pa_pv_tiled_bf16_amx;
+  tiled->tiled_head_multiple = PA_TILE_STEP;
 }
