@@ -37,8 +37,26 @@ typedef struct pa_write_job {
   int ranges;
 } pa_write_job;
 
+/* Places elements [first, first + n) of one token, already encoded, at
+ * their offsets from the token's anchor in a tiled tile. Each instance
+ * copies a constant size, which compiles to one move per element, where a
+ * memcpy of a run-time size would be a call per element (and the cache
+ * need not be aligned to its element, so no typed stores). */
+#define PA_DEFINE_PLACE_TILED(name, size)                                                  \
+  static void name(char *at, const char *from, int64_t first, size_t n, int values,        \
+                   int64_t block_size) {                                                   \
+    for (size_t i = 0; i < n; i++) {                                                       \
+      int64_t e = first + (int64_t)i;                                                      \
+      int64_t to = values ? pa_tiled_value_offset(e, block_size) : pa_tiled_key_offset(e); \
+      memcpy(at + to * (size), from + i * (size), (size));                                 \
+    }                                                                                      \
+  }
+PA_DEFINE_PLACE_TILED(place_tiled_1, 1)
+PA_DEFINE_PLACE_TILED(place_tiled_2, 2)
+PA_DEFINE_PLACE_TILED(place_tiled_4, 4)
+
 /* Elements [first, first + count) of token `offset` of a tiled tile
- * (keys: tensor 0, values: 1), encoded in chunks and placed one by one. */
+ * (keys: tensor 0, values: 1), encoded in chunks and placed. */
 static void write_tiled(const pa_write_job *job, int tensor, char *tile, int64_t offset,
                         int64_t first, int64_t count, const char *src) {
   const pa_kv_cache *cache = job->cache;
@@ -46,6 +64,7 @@ static void write_tiled(const pa_write_job *job, int tensor, char *tile, int64_t
   float scale = tensor ? cache->v_scale : cache->k_scale;
   int64_t anchor =
       tensor ? pa_tiled_value_anchor(offset) : pa_tiled_key_anchor(offset, cache->head_size);
+  char *at = tile + anchor * (int64_t)size;
   float buffer[PA_CONVERT_CHUNK];
   char encoded[PA_CONVERT_CHUNK * sizeof(float)];
   for (int64_t done = 0; done < count; done += PA_CONVERT_CHUNK) {
@@ -56,12 +75,10 @@ static void write_tiled(const pa_write_job *job, int tensor, char *tile, int64_t
       job->kernels->encode_row[cache->dtype](encoded, buffer, n, scale);
       from = encoded;
     }
-    for (size_t i = 0; i < n; i++) {
-      int64_t e = first + done + (int64_t)i;
-      int64_t at =
-          anchor + (tensor ? pa_tiled_value_offset(e, cache->block_size) : pa_tiled_key_offset(e));
-      memcpy(tile + at * (int64_t)size, from + i * size, size);
-    }
+    int64_t e = first + done;
+    if (size == 1) place_tiled_1(at, from, e, n, tensor, cache->block_size);
+    if (size == 2) place_tiled_2(at, from, e, n, tensor, cache->block_size);
+    if (size == 4) place_tiled_4(at, from, e, n, tensor, cache->block_size);
   }
 }
 
