@@ -1,8 +1,9 @@
 /* pagedattn-kernel-bench --prefill: the packed (prefill) micro-kernels alone, as attend.c's
  * packed_tile calls them for one KV head's tile: pack K and V, Q K^T for every row, the softmax,
- * P V. The tile and its rows stay in L1/L2 (one item of 128 rows per KV head, 32 query tokens
- * of a 4:1 GQA group, over PA_PACK_KEYS keys, every key visible), so the figures are the
- * kernels' own speed against this machine's f32 FMA and bf16 dot peaks measured in the same
+ * P V; the `_tiled` cases read a tiled cache's blocks in place instead (no pack), where the
+ * path has those kernels. The tile and its rows stay in L1/L2 (one item of 128 rows per KV head, 32
+ * query tokens of a 4:1 GQA group, over PA_PACK_KEYS keys, every key visible), so the figures are
+ * the kernels' own speed against this machine's f32 FMA and bf16 dot peaks measured in the same
  * process, the ceiling a whole prefill can approach. Internal tool: it includes the library's
  * private headers (src/). */
 #define _POSIX_C_SOURCE 200809L
@@ -22,13 +23,20 @@ typedef struct prefill_case {
   const char *name;
   pa_dtype act, cache;
   size_t head_size;
+  size_t tiled_block; /* 0: packed; else a tiled cache of blocks of this many tokens */
 } prefill_case;
 
 static const prefill_case cases[] = {
-    {"bf16", PA_BF16, PA_BF16, 128},       {"f32", PA_F32, PA_F32, 128},
-    {"f16", PA_F16, PA_F16, 128},          {"fp8_e4m3", PA_BF16, PA_FP8_E4M3, 128},
-    {"bf16_hs64", PA_BF16, PA_BF16, 64},   {"bf16_hs96", PA_BF16, PA_BF16, 96},
-    {"bf16_hs256", PA_BF16, PA_BF16, 256},
+    {"bf16", PA_BF16, PA_BF16, 128, 0},
+    {"f32", PA_F32, PA_F32, 128, 0},
+    {"f16", PA_F16, PA_F16, 128, 0},
+    {"fp8_e4m3", PA_BF16, PA_FP8_E4M3, 128, 0},
+    {"bf16_hs64", PA_BF16, PA_BF16, 64, 0},
+    {"bf16_hs96", PA_BF16, PA_BF16, 96, 0},
+    {"bf16_hs256", PA_BF16, PA_BF16, 256, 0},
+    {"bf16_tiled", PA_BF16, PA_BF16, 128, 128},
+    {"bf16_tiled_bs16", PA_BF16, PA_BF16, 128, 16},
+    {"bf16_hs64_tiled", PA_BF16, PA_BF16, 64, 128},
 };
 
 typedef struct prefill_times {
@@ -58,6 +66,12 @@ static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c
   for (size_t j = 0; j < n; j++) {
     k_rows[j] = kv + j * row_bytes;
     v_rows[j] = kv + (n + j) * row_bytes;
+    if (c->tiled_block) { /* anchors in consecutive blocks of the tiled order */
+      size_t bs = c->tiled_block, block = j / bs * bs * row_bytes, size = pa_dtype_size(c->cache);
+      k_rows[j] = kv + block + (size_t)pa_tiled_key_anchor((int64_t)(j % bs), (int64_t)d) * size;
+      v_rows[j] =
+          kv + n * row_bytes + block + (size_t)pa_tiled_value_anchor((int64_t)(j % bs)) * size;
+    }
   }
   prefill_times t = {0, 0, 0, 0};
   for (int rep = -reps / 4; rep < reps; rep++) { /* negative: warm-up */
@@ -73,14 +87,24 @@ static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c
                             .rescale = rescale,
                             .bf16_weights = ops->p_bf16};
     double t0 = pab_now();
-    ops->pack_k(k_packed, k_rows, n, d);
-    ops->pack_v(v_packed, v_rows, n, d);
+    if (!c->tiled_block) {
+      ops->pack_k(k_packed, k_rows, n, d);
+      ops->pack_v(v_packed, v_rows, n, d);
+    }
     double t1 = pab_now();
-    ops->qk_packed(m, n, d, q, ldq, k_packed, s, n, NULL);
+    if (c->tiled_block) {
+      ops->qk_tiled(m, n, d, q, ldq, k_rows, s, n, NULL);
+    } else {
+      ops->qk_packed(m, n, d, q, ldq, k_packed, s, n, NULL);
+    }
     double t2 = pab_now();
     k->softmax(&tile, s, n);
     double t3 = pab_now();
-    ops->pv_packed(m, n, d, s, n, v_packed, o, d, rescale, NULL);
+    if (c->tiled_block) {
+      ops->pv_tiled(m, n, d, s, n, v_rows, c->tiled_block, v_packed, o, d, rescale, NULL);
+    } else {
+      ops->pv_packed(m, n, d, s, n, v_packed, o, d, rescale, NULL);
+    }
     double t4 = pab_now();
     if (rep >= 0) {
       t.pack += t1 - t0;
@@ -106,15 +130,20 @@ void pab_prefill_kernels(const pa_kernels *k, const pab_machine *mach, int quick
       "# one packed tile of %d rows x %d keys in cache; us per tile for each phase; GFLOP/s "
       "of Q K^T, of P V, and of the whole tile (2 x 2 x rows x keys x d)\n",
       TILE_ROWS, TILE_KEYS);
-  printf("%-11s %4s %8s %8s %8s %8s %8s %8s %8s\n", "case", "d", "pack", "qk", "softmax", "pv",
+  printf("%-15s %4s %8s %8s %8s %8s %8s %8s %8s\n", "case", "d", "pack", "qk", "softmax", "pv",
          "qk_gf", "pv_gf", "tile_gf");
   int reps = quick ? 8 : 4000;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     const prefill_case *c = &cases[i];
+    const pa_attn_ops *ops = &k->attn[c->act][c->cache];
+    if (c->tiled_block && (!ops->qk_tiled || c->head_size % ops->tiled_head_multiple)) {
+      printf("%-15s %4zu   (no tiled kernels on this path)\n", c->name, c->head_size);
+      continue;
+    }
     prefill_times t = time_packed_tile(k, c, reps);
     double flops = 2.0 * TILE_ROWS * TILE_KEYS * (double)c->head_size, per = 1e6 / reps;
     double total = t.pack + t.qk + t.softmax + t.pv;
-    printf("%-11s %4zu %8.2f %8.2f %8.2f %8.2f %8.1f %8.1f %8.1f\n", c->name, c->head_size,
+    printf("%-15s %4zu %8.2f %8.2f %8.2f %8.2f %8.1f %8.1f %8.1f\n", c->name, c->head_size,
            t.pack * per, t.qk * per, t.softmax * per, t.pv * per, flops * reps / t.qk * 1e-9,
            flops * reps / t.pv * 1e-9, 2 * flops * reps / total * 1e-9);
   }

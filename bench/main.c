@@ -26,6 +26,7 @@ typedef struct options {
   const char *filter;
   int quick;
   int no_scalar;
+  int layout; /* --layout: PA_KV_ROWS, PA_KV_TILED, or -1 (auto) */
   pab_custom custom;
   int custom_knob; /* a shape/layer option was given: needs --mode */
 } options;
@@ -47,6 +48,8 @@ static void usage(FILE *f) {
       "  --filter SUBSTRING  run only rows whose name contains SUBSTRING\n"
       "  --quick             small shapes and short timings (for tests)\n"
       "  --no-scalar         skip the scalar-kernel comparison rows\n"
+      "  --layout L          paged caches in rows | tiled | auto (default: auto, the layout\n"
+      "                      pa_kv_layout_preferred names for the row's dtypes and shape)\n"
       "  --help              this text\n"
       "\n"
       "one custom case instead of the suite:\n"
@@ -112,6 +115,7 @@ static void parse_threads(options *o, const char *s) {
 static void parse_args(options *o, int argc, char **argv) {
   memset(o, 0, sizeof *o);
   o->threads[0] = 1;
+  o->layout = -1;
   o->threads[1] = 2;
   o->num_threads = 2;
   pab_custom_init(&o->custom);
@@ -140,6 +144,16 @@ static void parse_args(options *o, int argc, char **argv) {
       o->quick = 1;
     } else if (FLAG("--no-scalar")) {
       o->no_scalar = 1;
+    } else if (VALUE("--layout")) {
+      if (strcmp(val, "rows") == 0) {
+        o->layout = PA_KV_ROWS;
+      } else if (strcmp(val, "tiled") == 0) {
+        o->layout = PA_KV_TILED;
+      } else if (strcmp(val, "auto") == 0) {
+        o->layout = -1;
+      } else {
+        pab_die("--layout: bad value '%s' (rows, tiled or auto)", val);
+      }
     } else if (FLAG("--alibi")) {
       c->alibi = 1;
       o->custom_knob = 1;
@@ -376,6 +390,10 @@ int main(int argc, char **argv) {
   pab_timing scalar_timing = {1, 0, 0, 1, 1};
   for (int i = 0; i < num_cases; i++) {
     pab_case *c = cases[i];
+    c->layout = o.layout >= 0 || c->api != PAB_API_PAGED
+                    ? (o.layout >= 0 ? o.layout : PA_KV_ROWS)
+                    : (int)pa_kv_layout_preferred(writer, c->dtype, c->cache_dtype, c->block_size,
+                                                  c->head_size);
     char shape[200];
     pab_case_shape(c, shape, sizeof shape);
     fprintf(stderr, "[%d/%d] %s  %s ...\n", i + 1, num_cases, c->name, shape);

@@ -13,6 +13,10 @@ block size 128, bf16 unless the row's name says otherwise), served by:
   block_size, 2 * head_size]`` (each (block, head) page a K tile then a V tile, read in place
   through ``KVCache.pages``, as the pagedattn vLLM plugin does), filled by
   ``pagedattn.write_kv``; the plan made once, as the plugin's metadata builder does per step.
+  The tiles hold their elements in the layout the plugin's default (``PAGEDATTN_KV_LAYOUT``
+  unset: "auto") would choose, ``pagedattn.kv_layout_preferred`` for the row's activation and
+  cache dtypes, block size and head size on this machine (``tiled`` where the kernels read the
+  tiles in place, else ``rows``); the header line says which rows got which.
 - vLLM: ``torch.ops._C.cpu_attention_with_kv_cache``, the stock CPU_ATTN backend's op, over
   a cache of the same shape in its own internal layout, filled by its
   ``cpu_attn_reshape_and_cache``; the ISA ``_get_attn_isa`` picks and its scheduler metadata
@@ -234,12 +238,18 @@ def pagedattn_case(row: Row, data: Data, threads: int) -> Case:
     tiles = pages.view(data.num_blocks, row.kv_heads, 2 * row.block_size, row.head_size)
     k_scale, v_scale = scales(row)
     bs = row.block_size
+    # The layout the plugin's "auto" picks for this row's dtypes and geometry.
+    cache_dtype = row.dtype if row.kv_cache_dtype == "auto" else row.kv_cache_dtype
+    layout = pagedattn.kv_layout_preferred(
+        row.dtype, cache_dtype, row.block_size, row.head_size, ctx=ctx
+    )
     pagedattn.write_kv(
         data.key, data.value, tiles[:, :, :bs], tiles[:, :, bs:], data.slots,
         kv_cache_dtype=row.kv_cache_dtype, k_scale=k_scale, v_scale=v_scale, ctx=ctx,
+        layout=layout,
     )  # fmt: skip
     code = kv_cache_dtype_code(row.kv_cache_dtype)
-    cache = _ext.KVCache.pages(pages, row.head_size, code, k_scale, v_scale)
+    cache = _ext.KVCache.pages(pages, row.head_size, code, k_scale, v_scale, layout)
     layer = _ext.Layer(row.heads, row.kv_heads, row.head_size, data.scale, None, 0, 0.0, None, 0)
     batch = _ext.Batch(data.query_start_loc, data.seq_lens, data.block_tables)
     plan = _ext.Plan(ctx, layer, batch)
@@ -254,7 +264,8 @@ def pagedattn_case(row: Row, data: Data, threads: int) -> Case:
         return _ext.time_forward(ctx, layer, plan, query, None, None, cache, batch, out, n)
 
     path = getattr(ctx, "kernel_path", ctx.isa)  # the kernel family its calls run (amx, ...)
-    return Case(call, out, c_loop, {"isa": path, "threads": str(ctx.num_threads)})
+    info = {"isa": path, "threads": str(ctx.num_threads), "layout": layout}
+    return Case(call, out, c_loop, info)
 
 
 def vllm_case(row: Row, data: Data) -> Case:
@@ -456,6 +467,7 @@ def measure(row: Row, threads: int, rounds: int, target: float, with_vllm: bool)
         "times": times,
         "errors": errors,
         "isa": {name: case.info.get("isa", "") for name, case in cases.items()},
+        "layout": cases["pagedattn"].info["layout"],  # pagedattn's cache layout
     }
     del cases, data, ref
     gc.collect()
@@ -527,6 +539,21 @@ def disagreement(errors: dict[str, float]) -> str:
     if not off and errors.get("pa_vs_vllm", 0.0) > TOLERANCE:
         off = ["pagedattn vs vLLM"]
     return f"  DISAGREE: {', '.join(off)}" if off else ""
+
+
+def layouts(results: list[dict]) -> str:
+    """pagedattn's cache layouts over the rows: the layout most rows have, then the rows that
+    have another ("tiled (rows: prefill 512 f32, ...)")."""
+    by_layout: dict[str, list[str]] = {}
+    for r in results:
+        names = by_layout.setdefault(r.get("layout", "rows"), [])
+        if r["name"] not in names:
+            names.append(r["name"])
+    if not by_layout:
+        return "?"
+    common = max(by_layout, key=lambda layout: len(by_layout[layout]))
+    others = [f"{layout}: {', '.join(n)}" for layout, n in by_layout.items() if layout != common]
+    return common + (f" ({'; '.join(others)})" if others else "")
 
 
 def table(results: list[dict]) -> str:
@@ -667,7 +694,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if h.get("vllm"):
         versions += f", vllm {h['vllm']}"
     isa = results[0]["isa"]["pagedattn"] if results else "?"
-    print(f"{versions}; pagedattn kernels {isa}; fastest of {args.rounds} rounds, us per call")
+    print(
+        f"{versions}; pagedattn kernels {isa}, KV cache layout {layouts(results)}; "
+        f"fastest of {args.rounds} rounds, us per call"
+    )
     print("pa/vLLM < 1: pagedattn faster; err: max abs error / max |out| vs a float32 reference")
     print(table(results))
     chart(results, args.png)

@@ -24,6 +24,7 @@ pab_case *pab_case_new(const char *name, pab_api api, int num_seqs) {
   c->dtype = PA_BF16;
   c->cache_dtype = PA_BF16;
   c->attn_type = PA_ATTN_DECODER;
+  c->layout = -1;
   return c;
 }
 
@@ -95,6 +96,8 @@ void pab_case_shape(const pab_case *c, char *buf, size_t cap) {
   if (c->lse) el += (size_t)snprintf(extra + el, sizeof extra - el, " lse");
   if (c->api == PAB_API_PAGED && c->fragmented)
     el += (size_t)snprintf(extra + el, sizeof extra - el, " frag");
+  if (c->api == PAB_API_PAGED && c->layout == PA_KV_TILED)
+    el += (size_t)snprintf(extra + el, sizeof extra - el, " tiled");
   /* "bf16>fp8_e4m3" only when the cache dtype differs from the activations'. */
   char types[40];
   if (c->api == PAB_API_PAGED && c->cache_dtype != c->dtype)
@@ -202,6 +205,7 @@ static void build_paged(pab_data *d, pa_context *writer, size_t cold_bytes, int 
   kc->dtype = c->cache_dtype;
   kc->k_scale = 1.0f;
   kc->v_scale = 1.0f;
+  kc->layout = c->layout == PA_KV_TILED ? PA_KV_TILED : PA_KV_ROWS;
   int64_t shape[3];
   pa_kv_cache_shape(num_blocks, bs, c->num_kv_heads, c->head_size, shape);
   size_t half = (size_t)shape[1] * (size_t)shape[2] * pa_dtype_size(c->cache_dtype);

@@ -42,6 +42,9 @@ typedef struct pab_case {
   /* Block ids: 0 in allocation order (each sequence's blocks contiguous, as a freshly started
    * engine hands them out), 1 shuffled (an allocator after churn: every block a random jump). */
   int fragmented;
+  /* Paged: the cache's pa_kv_layout, or -1 (pab_case_new's): pa_kv_layout_preferred, as an
+   * engine that asks the library would choose. */
+  int layout;
 } pab_case;
 
 /* A case with Llama-3-8B layer defaults (32/8 heads of 128, block 16, bf16, decoder). */
