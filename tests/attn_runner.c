@@ -12,18 +12,18 @@ pa_context *ar_ctx[AR_NUM_CTX];
 int ar_kv_heads(const attn_case *c) { return c->num_kv_heads ? c->num_kv_heads : c->num_heads; }
 
 void ar_describe(const attn_case *c, char *buf, size_t size) {
-  int n =
-      snprintf(buf, size,
-               "[%s] %s act=%s cache=%s src=%s heads=%d kv_heads=%d head_size=%d "
-               "block_size=%d scale=%g alibi=%d sinks=%d window=%d soft_cap=%g type=%s "
-               "ctx_threads=%d plan=%d lse=%d shuffle=%d pad=%d poison=%d layout=%s "
-               "fused=%d k_scale=%g v_scale=%g mags=%g/%g/%g seqs(q_len/k_len)=",
-               c->group, c->varlen ? "varlen" : "paged", pa_dtype_name(c->act),
-               pa_dtype_name(c->cache_dtype), pa_dtype_name(c->src_dtype), c->num_heads,
-               c->num_kv_heads, c->head_size, c->block_size, (double)c->scale, c->alibi, c->sinks,
-               c->window, (double)c->soft_cap, hx_attn_name(c->type), ar_ctx_threads[c->ctx],
-               c->plan, c->lse, c->shuffle, c->pad, c->poison, hx_layout_name(c->layout), c->fused,
-               (double)c->k_scale, (double)c->v_scale, c->q_mag, c->k_mag, c->v_mag);
+  int n = snprintf(buf, size,
+                   "[%s] %s act=%s cache=%s src=%s heads=%d kv_heads=%d head_size=%d "
+                   "block_size=%d scale=%g alibi=%d sinks=%d window=%d soft_cap=%g type=%s "
+                   "ctx_threads=%d plan=%d lse=%d shuffle=%d pad=%d poison=%d layout=%s%s "
+                   "fused=%d k_scale=%g v_scale=%g mags=%g/%g/%g seqs(q_len/k_len)=",
+                   c->group, c->varlen ? "varlen" : "paged", pa_dtype_name(c->act),
+                   pa_dtype_name(c->cache_dtype), pa_dtype_name(c->src_dtype), c->num_heads,
+                   c->num_kv_heads, c->head_size, c->block_size, (double)c->scale, c->alibi,
+                   c->sinks, c->window, (double)c->soft_cap, hx_attn_name(c->type),
+                   ar_ctx_threads[c->ctx], c->plan, c->lse, c->shuffle, c->pad, c->poison,
+                   hx_layout_name(c->layout), c->kv_layout == PA_KV_TILED ? "+tiled" : "", c->fused,
+                   (double)c->k_scale, (double)c->v_scale, c->q_mag, c->k_mag, c->v_mag);
   for (int s = 0; s < c->num_seqs && n > 0 && (size_t)n < size; s++)
     n += snprintf(buf + n, size - (size_t)n, "%s%d/%d", s ? "," : "", c->q_len[s], c->seq_len[s]);
 }
@@ -279,6 +279,7 @@ int ar_paged_prepare(const attn_case *c, const char *tag, paged_run *r) {
   cache->dtype = c->cache_dtype;
   cache->k_scale = c->k_scale;
   cache->v_scale = c->v_scale;
+  cache->layout = c->kv_layout;
   hx_cache_alloc(&rng, cache, c->layout, &p->mem);
   hx_fill_cache(&rng, cache, c->k_mag > c->v_mag ? c->k_mag : c->v_mag, c->poison);
 
@@ -324,18 +325,7 @@ void ar_paged_check(paged_run *r, const char *tag, pa_status st) {
   paged_inputs(r, in);
   check_spans(tag, in, r->inputs_copy);
   if (st != PA_OK) return;
-  const pa_kv_cache *cache = &r->p.cache;
-  ref_cache rc = {cache->key,
-                  cache->value,
-                  cache->num_blocks,
-                  c->block_size,
-                  ar_kv_heads(c),
-                  c->head_size,
-                  hx_ref_dtype(c->cache_dtype),
-                  c->k_scale,
-                  c->v_scale,
-                  cache->block_stride,
-                  cache->head_stride};
+  ref_cache rc = hx_ref_cache(&r->p.cache);
   ref_paged_attention(&r->lb.ref, hx_ref_dtype(c->act), r->q, r->qstride, &rc, c->num_seqs, r->qsl,
                       r->seq_lens, r->p.block_tables, r->p.bt_stride, r->o.ref_out, r->o.ref_lse,
                       r->o.vmax);

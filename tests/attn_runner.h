@@ -43,6 +43,7 @@ typedef struct attn_case {
   int pad;                  /* extra elements per row of every activation buffer */
   int poison;               /* NaN in every cache slot no sequence owns */
   hx_layout layout;         /* the cache's strides (NaN in every byte between tiles) */
+  pa_kv_layout kv_layout;   /* the order inside each tile (0.3): PA_KV_ROWS or PA_KV_TILED */
   int fused;                /* varlen: q, k, v are views of one QKV buffer */
   float k_scale, v_scale;
   double q_mag, k_mag, v_mag;

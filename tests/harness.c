@@ -15,6 +15,8 @@ _Static_assert((int)PA_ATTN_DECODER == (int)REF_DECODER &&
                    (int)PA_ATTN_ENCODER_ONLY == (int)REF_ENCODER_ONLY &&
                    (int)PA_ATTN_ENCODER_DECODER == (int)REF_ENCODER_DECODER,
                "the reference's attention types must follow pa_attn_type");
+_Static_assert((int)PA_KV_ROWS == (int)REF_ROWS && (int)PA_KV_TILED == (int)REF_TILED,
+               "the reference's layouts must follow pa_kv_layout");
 
 /* How many mismatches of one kind are printed before only counting. */
 #define HX_REPORT 6
@@ -54,24 +56,28 @@ size_t hx_cache_bytes(const pa_kv_cache *cache) {
   return (size_t)hx_cache_elems(cache) * ref_dtype_size(hx_ref_dtype(cache->dtype));
 }
 
-/* Dense element i of a side (block-major, as an image holds it) at its
- * strided index. */
-static int64_t strided_index(const pa_kv_cache *c, int64_t i) {
-  int64_t d = c->head_size, tile = (int64_t)c->block_size * d;
-  int64_t block = i / (c->num_kv_heads * tile), in_block = i % (c->num_kv_heads * tile);
-  return hx_tile_index(c, block, (int)(in_block / tile), 0) + in_block % tile;
+/* Where element e of token offset t lies within its tile. */
+static int64_t tile_offset(const pa_kv_cache *c, int side, int t, int e) {
+  return ref_tile_offset((ref_layout)c->layout, side, c->block_size, c->head_size, t, e);
 }
 
+/* Element by element, in image order (block, head, token, dim), each to
+ * where the strides and the layout put it. */
 void hx_fill_cache(tu_rng *rng, const pa_kv_cache *cache, double mag, int poison) {
   ref_dtype rt = hx_ref_dtype(cache->dtype);
   int fp8 = rt == REF_E4M3 || rt == REF_E5M2;
-  int64_t n = hx_cache_elems(cache);
   for (int side = 0; side < 2; side++) {
     void *p = side ? cache->value : cache->key;
     double s = fp8 ? (side ? cache->v_scale : cache->k_scale) : 1.0;
-    for (int64_t i = 0; i < n; i++)
-      ref_store(p, strided_index(cache, i), rt,
-                poison ? NAN : (float)(tu_range(rng, -mag, mag) / s));
+    for (int64_t b = 0; b < cache->num_blocks; b++) {
+      for (int h = 0; h < cache->num_kv_heads; h++) {
+        int64_t tile = hx_tile_index(cache, b, h, 0);
+        for (int t = 0; t < cache->block_size; t++)
+          for (int e = 0; e < cache->head_size; e++)
+            ref_store(p, tile + tile_offset(cache, side, t, e), rt,
+                      poison ? NAN : (float)(tu_range(rng, -mag, mag) / s));
+      }
+    }
   }
 }
 
@@ -95,6 +101,18 @@ int64_t hx_tile_index(const pa_kv_cache *c, int64_t b, int h, int t) {
   int64_t head_stride = c->head_stride ? c->head_stride : tile;
   int64_t block_stride = c->block_stride ? c->block_stride : c->num_kv_heads * tile;
   return b * block_stride + h * head_stride + (int64_t)t * c->head_size;
+}
+
+ref_cache hx_ref_cache(const pa_kv_cache *c) {
+  ref_cache rc = {c->key,          c->value,        c->num_blocks,          c->block_size,
+                  c->num_kv_heads, c->head_size,    hx_ref_dtype(c->dtype), c->k_scale,
+                  c->v_scale,      c->block_stride, c->head_stride,         (ref_layout)c->layout};
+  return rc;
+}
+
+int64_t hx_elem_index(const pa_kv_cache *c, int side, int64_t b, int h, int t, int e) {
+  ref_cache rc = hx_ref_cache(c);
+  return ref_cache_index(&rc, side, b, h, t, e);
 }
 
 int64_t hx_cache_span(const pa_kv_cache *c) {
@@ -177,22 +195,46 @@ void hx_cache_free(hx_cache_mem *mem) {
   memset(mem, 0, sizeof *mem);
 }
 
+/* Copies a side's tiles into an image in token rows (gather: `out`) or
+ * back (scatter: `in`): whole tiles in PA_KV_ROWS, element by element
+ * (hx_elem_index) otherwise. */
+static void move_tiles(const pa_kv_cache *c, int side, unsigned char *out,
+                       const unsigned char *in) {
+  size_t es = ref_dtype_size(hx_ref_dtype(c->dtype));
+  size_t d = (size_t)c->head_size, tile = (size_t)c->block_size * d * es;
+  unsigned char *base = side ? c->value : c->key;
+  for (int64_t b = 0, i = 0; b < c->num_blocks; b++) {
+    for (int h = 0; h < c->num_kv_heads; h++, i++) {
+      size_t image = (size_t)i * tile;
+      if (c->layout == PA_KV_ROWS) {
+        unsigned char *at = base + (size_t)hx_tile_index(c, b, h, 0) * es;
+        if (out)
+          memcpy(out + image, at, tile);
+        else
+          memcpy(at, in + image, tile);
+        continue;
+      }
+      unsigned char *tile_at = base + (size_t)hx_tile_index(c, b, h, 0) * es;
+      for (int t = 0; t < c->block_size; t++) {
+        for (int e = 0; e < c->head_size; e++) {
+          unsigned char *at = tile_at + (size_t)tile_offset(c, side, t, e) * es;
+          size_t from = image + ((size_t)t * d + (size_t)e) * es;
+          if (out)
+            memcpy(out + from, at, es);
+          else
+            memcpy(at, in + from, es);
+        }
+      }
+    }
+  }
+}
+
 void hx_gather_tiles(const pa_kv_cache *c, int side, unsigned char *dense) {
-  size_t es = ref_dtype_size(hx_ref_dtype(c->dtype)),
-         tile = (size_t)c->block_size * (size_t)c->head_size * es;
-  const unsigned char *base = side ? c->value : c->key;
-  for (int64_t b = 0, i = 0; b < c->num_blocks; b++)
-    for (int h = 0; h < c->num_kv_heads; h++, i++)
-      memcpy(dense + (size_t)i * tile, base + (size_t)hx_tile_index(c, b, h, 0) * es, tile);
+  move_tiles(c, side, dense, NULL);
 }
 
 void hx_scatter_tiles(const pa_kv_cache *c, int side, const unsigned char *dense) {
-  size_t es = ref_dtype_size(hx_ref_dtype(c->dtype)),
-         tile = (size_t)c->block_size * (size_t)c->head_size * es;
-  unsigned char *base = side ? c->value : c->key;
-  for (int64_t b = 0, i = 0; b < c->num_blocks; b++)
-    for (int h = 0; h < c->num_kv_heads; h++, i++)
-      memcpy(base + (size_t)hx_tile_index(c, b, h, 0) * es, dense + (size_t)i * tile, tile);
+  move_tiles(c, side, NULL, dense);
 }
 
 long hx_check_padding(const char *label, const pa_kv_cache *c, const hx_cache_mem *mem) {
@@ -287,11 +329,12 @@ long hx_compare_cache(const char *label, const pa_kv_cache *cache, const unsigne
         int64_t head = in_block / ((int64_t)cache->block_size * cache->head_size);
         int64_t offset = in_block / cache->head_size % cache->block_size;
         TU_CHECK(0,
-                 "%s: cache %s block %lld head %lld offset %lld dim %lld: stored %a (bytes "
+                 "%s: %scache %s block %lld head %lld offset %lld dim %lld: stored %a (bytes "
                  "0x%02X%02X), expected %a",
-                 label, side ? "value" : "key", (long long)(i / per_block), (long long)head,
-                 (long long)offset, (long long)(i % cache->head_size), (double)gv,
-                 es > 1 ? g[1] : 0, g[0], (double)wv);
+                 label, cache->layout == PA_KV_TILED ? "tiled " : "", side ? "value" : "key",
+                 (long long)(i / per_block), (long long)head, (long long)offset,
+                 (long long)(i % cache->head_size), (double)gv, es > 1 ? g[1] : 0, g[0],
+                 (double)wv);
       }
     }
   }

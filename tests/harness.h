@@ -24,7 +24,11 @@ void hx_fill_rows(tu_rng *rng, void *buf, int64_t stride, int64_t rows, int widt
                   double mag);
 /* Every element of every tile of a cache side: finite values in [-mag,
  * mag) (stale data an engine may leave in free slots), or NaN when poison is
- * set. Memory between tiles is left alone. */
+ * set: in a tiled cache (PA_KV_TILED) too, every element of every token
+ * inside each tile, wherever the layout puts it, so that the tokens past a
+ * sequence's end in its 16-token group (keys) or token pair (values) stay
+ * NaN once the sequence's own are written. Memory between tiles is left
+ * alone. */
 void hx_fill_cache(tu_rng *rng, const pa_kv_cache *cache, double mag, int poison);
 /* Elements (bytes) of a side's tiles: num_blocks x num_kv_heads x
  * block_size x head_size, what a dense image of the side holds. */
@@ -57,9 +61,18 @@ typedef struct hx_cache_mem {
   size_t bytes[2];
 } hx_cache_mem;
 
-/* Element index within a side of dimension 0 of token offset t of KV head
- * h in block b, through the cache's strides. */
+/* Element index within a side of the start of KV head h's tile in block
+ * b, through the cache's strides, plus t * head_size: with t = 0 the
+ * tile's first element in either layout, otherwise the start of token
+ * offset t's row in a PA_KV_ROWS cache (use hx_elem_index for elements). */
 int64_t hx_tile_index(const pa_kv_cache *cache, int64_t b, int h, int t);
+/* Element index within key (side 0) or value (side 1) of element e of
+ * token offset t of KV head h in block b: the strides place the tile, the
+ * cache's layout orders the elements in it (the reference's
+ * ref_tile_offset, written from the header, not from the library). */
+int64_t hx_elem_index(const pa_kv_cache *cache, int side, int64_t b, int h, int t, int e);
+/* The reference's view of a cache (strides and layout included). */
+ref_cache hx_ref_cache(const pa_kv_cache *cache);
 /* Elements from a side's pointer to the end of its last tile. */
 int64_t hx_cache_span(const pa_kv_cache *cache);
 /* Sets the strides, key and value of a cache whose geometry and dtype are
@@ -67,7 +80,10 @@ int64_t hx_cache_span(const pa_kv_cache *cache);
 void hx_cache_alloc(tu_rng *rng, pa_kv_cache *cache, hx_layout layout, hx_cache_mem *mem);
 void hx_cache_free(hx_cache_mem *mem);
 /* Copies side 0 (keys) or 1 (values) of a cache into a dense image, and
- * back. */
+ * back. The image is [num_blocks][num_kv_heads][block_size][head_size] in
+ * either layout: a tiled cache's elements are gathered into token rows
+ * (hx_elem_index), so images of a rows and a tiled cache compare, and
+ * hx_expect_write and hx_compare_cache work on both. */
 void hx_gather_tiles(const pa_kv_cache *cache, int side, unsigned char *dense);
 void hx_scatter_tiles(const pa_kv_cache *cache, int side, const unsigned char *dense);
 /* Fails for every byte of the buffers outside the tiles that no longer

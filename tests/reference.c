@@ -250,11 +250,28 @@ void ref_attention_seq(const ref_layer *layer, int q_len, int k_len, const doubl
   free(s);
 }
 
-int64_t ref_cache_index(const ref_cache *cache, int64_t b, int h, int t, int c) {
+/* Written from the header's description of pa_kv_layout, not from the
+ * library's code: a tiled tile is a sequence of groups (16 tokens of keys,
+ * 16 elements of values), each group a sequence of 32-element rows, each
+ * row 16 pairs of two adjacent elements (keys) or two adjacent tokens
+ * (values). */
+int64_t ref_tile_offset(ref_layout layout, int side, int block_size, int head_size, int t, int e) {
+  if (layout == REF_ROWS) return (int64_t)t * head_size + e;
+  enum { GROUP = 16 };
+  if (side == 0) {
+    int64_t group = t / GROUP, row = e / 2, column = t % GROUP, pair = e % 2;
+    return group * GROUP * head_size + row * 2 * GROUP + column * 2 + pair;
+  }
+  int64_t group = e / GROUP, row = t / 2, column = e % GROUP, pair = t % 2;
+  return group * GROUP * block_size + row * 2 * GROUP + column * 2 + pair;
+}
+
+int64_t ref_cache_index(const ref_cache *cache, int side, int64_t b, int h, int t, int c) {
   int64_t tile = (int64_t)cache->block_size * cache->head_size;
   int64_t head_stride = cache->head_stride ? cache->head_stride : tile;
   int64_t block_stride = cache->block_stride ? cache->block_stride : cache->num_kv_heads * tile;
-  return b * block_stride + h * head_stride + (int64_t)t * cache->head_size + c;
+  return b * block_stride + h * head_stride +
+         ref_tile_offset(cache->layout, side, cache->block_size, cache->head_size, t, c);
 }
 
 void ref_gather_paged(const ref_cache *cache, const int32_t *block_table_row, int seq_len,
@@ -266,11 +283,12 @@ void ref_gather_paged(const ref_cache *cache, const int32_t *block_table_row, in
     int64_t block = block_table_row[t / bs];
     int offset = t % bs;
     for (int h = 0; h < nkv; h++) {
-      int64_t base = ref_cache_index(cache, block, h, offset, 0);
       for (int c = 0; c < d; c++) {
         size_t at = ((size_t)t * (size_t)nkv + (size_t)h) * (size_t)d + (size_t)c;
-        k[at] = ks * (double)ref_load(cache->key, base + c, cache->dtype);
-        v[at] = vs * (double)ref_load(cache->value, base + c, cache->dtype);
+        k[at] = ks * (double)ref_load(cache->key, ref_cache_index(cache, 0, block, h, offset, c),
+                                      cache->dtype);
+        v[at] = vs * (double)ref_load(cache->value, ref_cache_index(cache, 1, block, h, offset, c),
+                                      cache->dtype);
       }
     }
   }

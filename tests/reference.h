@@ -63,8 +63,22 @@ void ref_build_mask(const ref_layer *layer, int q_len, int k_len, unsigned char 
 void ref_attention_seq(const ref_layer *layer, int q_len, int k_len, const double *q,
                        const double *k, const double *v, double *out, double *lse);
 
+/* The order of the elements inside a (block, KV head) tile, the same
+ * numbers as pa_kv_layout. REF_ROWS: element e of token offset t at
+ * t * head_size + e. REF_TILED (block_size and head_size multiples of 16):
+ * keys in 16-token groups of element pairs,
+ *   (t / 16) * 16 * head_size + (e / 2) * 32 + (t % 16) * 2 + e % 2,
+ * values in 16-element column groups of token pairs,
+ *   (e / 16) * 16 * block_size + (t / 2) * 32 + (e % 16) * 2 + t % 2. */
+typedef enum ref_layout { REF_ROWS, REF_TILED } ref_layout;
+
+/* Where element e of token offset t lies within its tile, for keys (side
+ * 0) or values (side 1) in a tile of block_size tokens of head_size
+ * elements ordered by layout. */
+int64_t ref_tile_offset(ref_layout layout, int side, int block_size, int head_size, int t, int e);
+
 typedef struct ref_cache {
-  const void *key; /* tiles [block_size][head_size] per block and KV head */
+  const void *key; /* tiles of block_size x head_size elements per block and KV head */
   const void *value;
   int64_t num_blocks;
   int block_size;
@@ -77,11 +91,12 @@ typedef struct ref_cache {
    * tile to the next's; 0: the dense [num_blocks][num_kv_heads][block_size]
    * [head_size] layout. */
   int64_t block_stride, head_stride;
+  ref_layout layout; /* the order inside each tile */
 } ref_cache;
 
-/* Element index, within key or value, of dimension c of token offset t of
- * KV head h in block b. */
-int64_t ref_cache_index(const ref_cache *cache, int64_t b, int h, int t, int c);
+/* Element index, within key (side 0) or value (side 1), of dimension c of
+ * token offset t of KV head h in block b. */
+int64_t ref_cache_index(const ref_cache *cache, int side, int64_t b, int h, int t, int c);
 
 /* The first seq_len tokens of a sequence, in order, read through its block
  * table row: k, v are [seq_len][num_kv_heads * head_size], scaled. */

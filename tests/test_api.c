@@ -151,8 +151,99 @@ static void test_bad_environment(void) {
   }
 }
 
+/* pa_kv_layout_preferred (0.3): PA_KV_ROWS for every argument no cache
+ * could have; for valid ones either layout, PA_KV_TILED only where the
+ * tiles read it in place, which the header places on the amx path for
+ * bf16 activations over a bf16 cache: never under a PA_ISA cap below amx.
+ * The answer is the same for the same arguments. */
+static void check_preferred(const pa_context *ctx, const char *what) {
+  const char *path = pa_context_kernel_path(ctx);
+  int amx = path && strcmp(path, "amx") == 0;
+  /* Arguments no cache could have. */
+  static const int bad_dtypes[] = {5, -1, 1000};
+  for (int i = 0; i < 3; i++) {
+    pa_dtype t = (pa_dtype)bad_dtypes[i];
+    TU_CHECK(pa_kv_layout_preferred(ctx, t, PA_BF16, 16, 128) == PA_KV_ROWS,
+             "%s: pa_kv_layout_preferred(act %d) is not PA_KV_ROWS", what, bad_dtypes[i]);
+    TU_CHECK(pa_kv_layout_preferred(ctx, PA_BF16, t, 16, 128) == PA_KV_ROWS,
+             "%s: pa_kv_layout_preferred(cache dtype %d) is not PA_KV_ROWS", what, bad_dtypes[i]);
+  }
+  for (int t = PA_FP8_E4M3; t <= PA_FP8_E5M2; t++)
+    TU_CHECK(pa_kv_layout_preferred(ctx, (pa_dtype)t, PA_BF16, 16, 128) == PA_KV_ROWS,
+             "%s: pa_kv_layout_preferred(act %s) is not PA_KV_ROWS", what,
+             pa_dtype_name((pa_dtype)t));
+  static const int bad_blocks[] = {17, 8, 1, 0, -16, 24, 40};
+  for (int i = 0; i < 7; i++)
+    TU_CHECK(pa_kv_layout_preferred(ctx, PA_BF16, PA_BF16, bad_blocks[i], 128) == PA_KV_ROWS,
+             "%s: pa_kv_layout_preferred(block_size %d) is not PA_KV_ROWS", what, bad_blocks[i]);
+  static const int bad_heads[] = {40, 8, 1, 0, -16, 1040, 2048, 136};
+  for (int i = 0; i < 8; i++)
+    TU_CHECK(pa_kv_layout_preferred(ctx, PA_BF16, PA_BF16, 16, bad_heads[i]) == PA_KV_ROWS,
+             "%s: pa_kv_layout_preferred(head_size %d) is not PA_KV_ROWS", what, bad_heads[i]);
+  /* Valid arguments. */
+  static const int blocks[] = {16, 32, 48, 128}, heads[] = {16, 48, 64, 80, 96, 128, 256, 1024};
+  for (int a = PA_F32; a <= PA_BF16; a++)
+    for (int c = PA_F32; c <= PA_FP8_E5M2; c++)
+      for (int b = 0; b < 4; b++)
+        for (int h = 0; h < 8; h++) {
+          pa_kv_layout l =
+              pa_kv_layout_preferred(ctx, (pa_dtype)a, (pa_dtype)c, blocks[b], heads[h]);
+          TU_CHECK(l == PA_KV_ROWS || l == PA_KV_TILED,
+                   "%s: pa_kv_layout_preferred(%s, %s, %d, %d) = %d", what,
+                   pa_dtype_name((pa_dtype)a), pa_dtype_name((pa_dtype)c), blocks[b], heads[h],
+                   (int)l);
+          TU_CHECK(l == PA_KV_ROWS || (amx && a == PA_BF16 && c == PA_BF16),
+                   "%s: pa_kv_layout_preferred(%s, %s, %d, %d) is PA_KV_TILED on path %s", what,
+                   pa_dtype_name((pa_dtype)a), pa_dtype_name((pa_dtype)c), blocks[b], heads[h],
+                   path ? path : "(null)");
+          TU_CHECK(l == pa_kv_layout_preferred(ctx, (pa_dtype)a, (pa_dtype)c, blocks[b], heads[h]),
+                   "%s: pa_kv_layout_preferred changes its answer", what);
+        }
+}
+
+static void test_layout_preferred(void) {
+  TU_CHECK(pa_kv_layout_preferred(NULL, PA_BF16, PA_BF16, 16, 128) == PA_KV_ROWS,
+           "pa_kv_layout_preferred(NULL ctx) is not PA_KV_ROWS");
+  pa_context *ctx = NULL;
+  if (pa_context_create(1, &ctx) == PA_OK) {
+    check_preferred(ctx, "the environment's path");
+    printf(
+        "test_api: pa_kv_layout_preferred(bf16, bf16, 16, 128) on path %s: %s\n",
+        pa_context_kernel_path(ctx),
+        pa_kv_layout_preferred(ctx, PA_BF16, PA_BF16, 16, 128) == PA_KV_TILED ? "tiled" : "rows");
+    pa_context_destroy(ctx);
+  }
+  /* Under each PA_ISA cap below amx, rows everywhere. */
+  static const char *caps[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+  const char *was = getenv("PA_ISA");
+  char *saved = was ? strdup(was) : NULL;
+  for (int i = 0; i < 4; i++) {
+    setenv("PA_ISA", caps[i], 1);
+    ctx = NULL;
+    pa_status st = pa_context_create(1, &ctx);
+    TU_CHECK(st == PA_OK, "PA_ISA=%s: pa_context_create: %s", caps[i], pa_last_error());
+    if (st != PA_OK) continue;
+    char what[64];
+    snprintf(what, sizeof what, "PA_ISA=%s (path %s)", caps[i], pa_context_kernel_path(ctx));
+    check_preferred(ctx, what);
+    for (int a = PA_F32; a <= PA_BF16; a++)
+      for (int c = PA_F32; c <= PA_FP8_E5M2; c++)
+        TU_CHECK(pa_kv_layout_preferred(ctx, (pa_dtype)a, (pa_dtype)c, 32, 128) == PA_KV_ROWS,
+                 "%s: pa_kv_layout_preferred(%s, %s, 32, 128) is not PA_KV_ROWS", what,
+                 pa_dtype_name((pa_dtype)a), pa_dtype_name((pa_dtype)c));
+    pa_context_destroy(ctx);
+  }
+  if (saved) {
+    setenv("PA_ISA", saved, 1);
+    free(saved);
+  } else {
+    unsetenv("PA_ISA");
+  }
+}
+
 int main(void) {
   test_bad_environment();
+  test_layout_preferred();
   test_dtypes();
   test_backend();
   test_status_strings();

@@ -429,6 +429,226 @@ static void targeted_strided(tu_rng *g) {
   }
 }
 
+/* ---- tiled caches (0.3) --------------------------------------------------------
+ * PA_KV_TILED: keys in 16-token groups of element pairs, values in
+ * 16-element column groups of token pairs. Every case here keeps its cache
+ * tiled; most poison it (NaN in every element of every token no sequence
+ * owns, the tokens past a sequence's end in its last 16-token group and
+ * value pair included: a kernel that reads a whole group and masks
+ * afterwards lets 0 * NaN through). The runner writes the cache through
+ * pa_write_kv and checks its bytes, and the reference reads it back, both
+ * through the harness's own index of the tiled order. */
+
+/* Lengths that end anywhere in a 16-token group and a token pair. */
+static int odd_length(tu_rng *g, int lo, int hi) {
+  int n = tu_int(g, lo, hi);
+  return n % 16 == 0 && tu_chance(g, 0.7) ? n + tu_int(g, 1, 15) : n;
+}
+
+static void random_tiled_case(tu_rng *g, attn_case *c) {
+  static const int head_sizes[] = {16, 48, 64, 64, 80, 96, 128, 128, 256};
+  static const int block_sizes[] = {16, 16, 32, 48, 128};
+  static const int groups[] = {1, 1, 2, 4, 7, 8};
+  memset(c, 0, sizeof *c);
+  c->group = "random tiled";
+  c->kv_layout = PA_KV_TILED;
+  /* bf16 over bf16 (the pair AMX tiles read in place) a third of the time. */
+  int amx_pair = tu_chance(g, 0.33);
+  c->act = amx_pair ? PA_BF16 : (pa_dtype)tu_int(g, 0, 2);
+  c->cache_dtype = amx_pair ? PA_BF16 : (pa_dtype)tu_int(g, 0, 4);
+  c->src_dtype = tu_chance(g, 0.8) ? c->act : (pa_dtype)tu_int(g, 0, 2);
+  int nkv = tu_chance(g, 0.2) ? 1 : tu_int(g, 1, 4), group = groups[tu_int(g, 0, 5)];
+  if (nkv == 1 && tu_chance(g, 0.5)) group = 8; /* MQA */
+  c->num_heads = nkv * group;
+  c->num_kv_heads = group == 1 && tu_chance(g, 0.3) ? 0 : nkv;
+  c->head_size = head_sizes[tu_int(g, 0, (int)(sizeof head_sizes / sizeof(int)) - 1)];
+  c->block_size = block_sizes[tu_int(g, 0, (int)(sizeof block_sizes / sizeof(int)) - 1)];
+  c->scale = tu_chance(g, 0.5) ? 0.0f : (float)tu_range(g, 0.02, 0.5);
+  c->alibi = tu_chance(g, 0.25);
+  c->sinks = tu_chance(g, 0.25);
+  c->window = tu_chance(g, 0.3) ? tu_int(g, 1, 100) : 0;
+  c->soft_cap = tu_chance(g, 0.2) ? (float)tu_range(g, 1.0, 30.0) : 0.0f;
+  double t = tu_uniform(g);
+  c->type = t < 0.8    ? PA_ATTN_DECODER
+            : t < 0.87 ? PA_ATTN_ENCODER
+            : t < 0.94 ? PA_ATTN_ENCODER_ONLY
+                       : PA_ATTN_ENCODER_DECODER;
+  c->ctx = tu_int(g, 0, AR_NUM_CTX - 1);
+  c->plan = tu_int(g, 0, 2);
+  c->lse = tu_chance(g, 0.75);
+  c->shuffle = tu_chance(g, 0.7);
+  c->pad = tu_chance(g, 0.5) ? tu_int(g, 1, 9) : 0;
+  c->poison = tu_chance(g, 0.6);
+  c->layout = tu_chance(g, 0.4) ? (hx_layout)tu_int(g, 1, HX_NUM_LAYOUTS - 1) : HX_DENSE;
+  c->q_mag = exp(tu_range(g, log(0.3), log(4.0)));
+  c->k_mag = exp(tu_range(g, log(0.3), log(3.0)));
+  c->v_mag = exp(tu_range(g, log(0.1), log(8.0)));
+  c->k_scale = c->v_scale = 1.0f;
+  if (c->cache_dtype >= PA_FP8_E4M3) pick_fp8_scales(g, c);
+
+  c->num_seqs = tu_int(g, 1, 6);
+  int L = tu_int(g, 1, 200);
+  int self = c->type == PA_ATTN_ENCODER || c->type == PA_ATTN_ENCODER_ONLY;
+  for (int s = 0; s < c->num_seqs; s++) {
+    int *q = &c->q_len[s], *k = &c->seq_len[s];
+    if (c->type == PA_ATTN_DECODER) {
+      switch (tu_int(g, 0, 5)) {
+        case 0: *q = *k = odd_length(g, 1, L); break;                            /* prefill */
+        case 1: *q = tu_int(g, 1, L), *k = *q + odd_length(g, 1, L); break;      /* chunk */
+        case 2: *q = 1, *k = odd_length(g, 1, 4 * L); break;                     /* decode */
+        case 3: *q = tu_int(g, 2, 16), *k = *q + odd_length(g, 0, 2 * L); break; /* speculative */
+        case 4: *q = *k = 1; break;                                              /* length 1 */
+        default: *q = 0, *k = tu_int(g, 0, L); break;                            /* idle */
+      }
+    } else if (self && tu_chance(g, 0.85)) {
+      *q = *k = odd_length(g, 0, L);
+    } else {
+      *q = tu_int(g, 0, L);
+      *k = odd_length(g, 0, L);
+    }
+  }
+  fit_budget(c, 2e6);
+}
+
+/* A mixed batch of every kind of sequence, ending mid-group and mid-pair:
+ * a whole prompt, a chunk over a cached prefix, decodes (one of length 1),
+ * and a 16-token speculative decode. */
+static attn_case tiled_case(const char *group) {
+  attn_case c = base_case(group);
+  static const int q[] = {20, 7, 1, 1, 16}, k[] = {20, 37, 45, 1, 50};
+  set_seqs(&c, 5, q, k);
+  c.kv_layout = PA_KV_TILED;
+  c.poison = 1;
+  return c;
+}
+
+static void targeted_tiled(tu_rng *g) {
+  /* Every activation over every cache dtype, across block and head sizes. */
+  static const int block_sizes[] = {16, 32, 48, 128}, head_sizes[] = {64, 80, 96, 128, 16, 48};
+  for (int a = PA_F32; a <= PA_BF16; a++)
+    for (int t = PA_F32; t <= PA_FP8_E5M2; t++) {
+      int i = a * 5 + t;
+      attn_case c = tiled_case("tiled: dtypes");
+      c.act = (pa_dtype)a;
+      c.src_dtype = (pa_dtype)(i % 4 == 3 ? (a + 1) % 3 : a);
+      c.cache_dtype = (pa_dtype)t;
+      if (t >= PA_FP8_E4M3) pick_fp8_scales(g, &c);
+      c.block_size = block_sizes[i % 4];
+      c.head_size = head_sizes[i % 6];
+      c.ctx = i % AR_NUM_CTX;
+      c.plan = i % 3;
+      c.poison = i % 5 != 4;
+      c.shuffle = i % 2;
+      run_case(&c);
+    }
+
+  /* Logit features on the pair AMX tiles read in place (bf16 over bf16)
+   * and on an f32 one: ALiBi, sinks, soft cap, and windows that start
+   * inside a 16-token group (a window of 21 keys ending at key 49 starts
+   * at 29) or at its first key (16, 32). */
+  static const int windows[] = {1, 5, 16, 21, 32, 37, 1000};
+  for (int w = 0; w < 7; w++) {
+    attn_case c = tiled_case("tiled: window");
+    c.act = c.src_dtype = c.cache_dtype = w % 3 ? PA_BF16 : PA_F32;
+    c.window = windows[w];
+    c.block_size = w % 2 ? 16 : 32;
+    c.alibi = w % 2;
+    c.sinks = w % 3 == 1;
+    c.soft_cap = w == 3 ? 6.0f : 0.0f;
+    c.ctx = w % AR_NUM_CTX;
+    run_case(&c);
+  }
+  for (int i = 0; i < 4; i++) {
+    attn_case c = tiled_case("tiled: alibi/sinks/soft cap");
+    c.act = c.src_dtype = (pa_dtype)(i % 3);
+    c.cache_dtype = i == 3 ? PA_FP8_E5M2 : PA_BF16;
+    if (i == 3) pick_fp8_scales(g, &c);
+    c.alibi = c.sinks = 1;
+    c.soft_cap = i % 2 ? 0.0f : 10.0f;
+    c.lse = 1;
+    c.ctx = i % AR_NUM_CTX;
+    run_case(&c);
+  }
+  /* The other attention types over a tiled cache, a symmetric window
+   * (encoder-only) among them. */
+  for (int t = PA_ATTN_ENCODER; t <= PA_ATTN_ENCODER_DECODER; t++) {
+    static const int q[] = {17, 4, 33}, k[] = {17, 40, 33};
+    attn_case c = tiled_case("tiled: attn type");
+    set_seqs(&c, 3, q, k);
+    c.type = (pa_attn_type)t;
+    c.act = c.src_dtype = c.cache_dtype = PA_BF16;
+    c.window = t == PA_ATTN_ENCODER_ONLY ? 9 : 0;
+    run_case(&c);
+  }
+
+  /* Prompts long enough for the packed kernels (and AMX tiles), a chunk
+   * over a cached prefix and a 16-token speculative decode with them, for
+   * GQA 7:1 and MQA, head sizes off and on multiples of 32. */
+  static const int qp[] = {100, 41, 16, 1}, kp[] = {100, 130, 81, 77};
+  static const int kv_heads[] = {1, 1, 2, 1}, groups_p[] = {7, 8, 2, 4};
+  static const int head_sizes_p[] = {128, 80, 256, 96};
+  for (int i = 0; i < 4; i++) {
+    attn_case c = tiled_case("tiled: prefill");
+    set_seqs(&c, 4, qp, kp);
+    c.num_kv_heads = kv_heads[i];
+    c.num_heads = kv_heads[i] * groups_p[i];
+    c.head_size = head_sizes_p[i];
+    c.block_size = i == 2 ? 48 : 16 << (i % 3);
+    c.act = c.src_dtype = i < 3 ? PA_BF16 : PA_F16;
+    c.cache_dtype = i == 1 ? PA_FP8_E4M3 : c.act;
+    if (i == 1) pick_fp8_scales(g, &c);
+    c.ctx = i % AR_NUM_CTX;
+    c.plan = i % 2;
+    c.window = i == 3 ? 45 : 0;
+    run_case(&c);
+  }
+
+  /* Long decodes split over threads (split-K on 2 and 3), a speculative
+   * decode among them, in blocks of 16, 32 and 128. */
+  static const int qd[] = {1, 1, 16}, kd[] = {520, 250, 130};
+  for (int i = 0; i < 3; i++) {
+    attn_case c = tiled_case("tiled: long decode");
+    set_seqs(&c, 3, qd, kd);
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_size = 128;
+    c.block_size = 16 << (i == 2 ? 3 : i);
+    c.act = c.src_dtype = PA_BF16;
+    c.cache_dtype = i == 1 ? PA_FP8_E4M3 : PA_BF16;
+    if (i == 1) pick_fp8_scales(g, &c);
+    c.ctx = 1 + i % 2;
+    c.plan = i % 2;
+    c.sinks = i == 2;
+    run_case(&c);
+  }
+
+  /* Tiled order inside strided tiles: every stride layout, vLLM's page of
+   * interleaved key and value tiles among them, NaN between the tiles. */
+  for (int layout = HX_DENSE_EXPLICIT; layout < HX_NUM_LAYOUTS; layout++) {
+    attn_case c = tiled_case("tiled: strided");
+    c.layout = (hx_layout)layout;
+    c.act = c.src_dtype = (pa_dtype)(layout % 3);
+    c.cache_dtype = layout == HX_VLLM ? PA_BF16 : (pa_dtype)((layout + 1) % 5);
+    if (c.cache_dtype >= PA_FP8_E4M3) pick_fp8_scales(g, &c);
+    c.block_size = block_sizes[layout % 4];
+    c.head_size = layout % 2 ? 64 : 48;
+    c.ctx = layout % AR_NUM_CTX;
+    c.plan = layout % 3;
+    run_case(&c);
+  }
+
+  /* Sequences of one token and of lengths just off the groups. */
+  static const int q1[] = {1, 1, 1, 1, 3}, k1[] = {1, 15, 17, 31, 33};
+  for (int i = 0; i < 2; i++) {
+    attn_case c = tiled_case("tiled: short");
+    set_seqs(&c, 5, q1, k1);
+    c.act = c.src_dtype = c.cache_dtype = i ? PA_BF16 : PA_F32;
+    c.block_size = 16 * (i + 1);
+    c.ctx = i;
+    run_case(&c);
+  }
+}
+
 /* Long decodes, which the library splits over threads. */
 static void targeted_long(void) {
   static const int q[] = {1, 1, 1, 3}, k[] = {2100, 2600, 37, 2003};
@@ -600,6 +820,20 @@ int main(int argc, char **argv) {
     run_case(&c);
   }
   printf("  %ld random cases: %.2f s\n", n_random, tu_now() - t);
+
+  /* Tiled caches last, from their own generator: the cases above keep
+   * their indices and data. */
+  t = tu_now();
+  tu_rng tg;
+  tu_rng_seed(&tg, tu_mix(g_seed, 0x711ED));
+  targeted_tiled(&tg);
+  long n_tiled = (long)(48 * tu_case_scale());
+  for (long i = 0; i < n_tiled; i++) {
+    attn_case c;
+    random_tiled_case(&tg, &c);
+    run_case(&c);
+  }
+  printf("  tiled caches (%ld random): %.2f s\n", n_tiled, tu_now() - t);
 
   for (int i = 0; i < AR_NUM_CTX; i++) pa_context_destroy(ar_ctx[i]);
   printf("test_attention: %ld cases, %ld failed, %.2f s\n", g_index, g_failed_cases, tu_now() - t0);

@@ -36,6 +36,9 @@ static pa_context *g_ctx;
 static pa_layer *g_layer;                /* the fixture's */
 static pa_plan *g_plan;                  /* made for the fixture's layer and batch */
 static pa_plan *g_plan_mha, *g_plan_d32; /* made for layers of other geometry */
+/* Layers of head size 8 (4 heads over 2) and 40 (one head), for tiled
+ * caches whose head size matches the layer's but not the tiles'. */
+static pa_layer *g_layer_d8, *g_layer_d40;
 static pa_kv_cache g_cache, g_cache2, g_fp8;
 static float *g_query, *g_out, *g_lse, *g_krows, *g_vrows, *g_lse_a, *g_lse_b;
 /* Arrays of valid entries that end at an inaccessible page: a call that
@@ -316,6 +319,21 @@ static pa_status call(const args *a, entry e) {
     a->cache.block_stride = INT64_MAX / 4)                                                         \
   X(write_strided_extent_bytes_overflow, WRITE_KV, INV, "block_stride", NULL,                      \
     a->cache.block_stride = INT64_MAX / 16)                                                        \
+  /* pa_write_kv: the 0.3 layout (a tiled cache needs block and head sizes multiples of 16) */     \
+  X(write_layout_2, WRITE_KV, INV, "cache->layout", "2", a->cache.layout = (pa_kv_layout)2)        \
+  X(write_layout_negative, WRITE_KV, INV, "cache->layout", "-1",                                   \
+    a->cache.layout = (pa_kv_layout)-1)                                                            \
+  X(write_tiled_block_size_4, WRITE_KV, UNS, "cache->layout", "4", a->cache.layout = PA_KV_TILED)  \
+  X(write_tiled_block_size_17, WRITE_KV, UNS, "cache->layout", "17",                               \
+    a->cache.layout = PA_KV_TILED;                                                                 \
+    a->cache.block_size = 17)                                                                      \
+  X(write_tiled_block_size_8, WRITE_KV, UNS, "cache->layout", "8", a->cache.layout = PA_KV_TILED;  \
+    a->cache.block_size = 8)                                                                       \
+  X(write_tiled_head_size_40, WRITE_KV, UNS, "cache->layout", "40", a->cache.layout = PA_KV_TILED; \
+    a->cache.block_size = 16; a->cache.head_size = 40; a->key_stride = a->value_stride = NKV * 40) \
+  X(write_tiled_head_size_8, WRITE_KV, UNS, "cache->layout", "and 8",                              \
+    a->cache.layout = PA_KV_TILED;                                                                 \
+    a->cache.block_size = 16; a->cache.head_size = 8)                                              \
   /* pa_copy_blocks */                                                                             \
   X(copy_ctx_null, COPY, INV, "ctx", NULL, a->ctx = NULL)                                          \
   X(copy_caches_null, COPY, INV, "caches", NULL, a->caches_p = NULL)                               \
@@ -346,6 +364,30 @@ static pa_status call(const args *a, entry e) {
     a->caches[1].block_stride = 200)                                                               \
   X(copy_second_cache_strided_extent_overflow, COPY, INV, "caches[1]->block_stride", NULL,         \
     a->caches[1].block_stride = INT64_MAX / 2)                                                     \
+  /* pa_copy_blocks: the 0.3 layout */                                                             \
+  X(copy_second_cache_layout_2, COPY, INV, "caches[1]->layout", "2",                               \
+    a->caches[1].layout = (pa_kv_layout)2)                                                         \
+  X(copy_second_cache_layout_negative, COPY, INV, "caches[1]->layout", "-1",                       \
+    a->caches[1].layout = (pa_kv_layout)-1)                                                        \
+  X(copy_second_cache_tiled_block_size_4, COPY, UNS, "caches[1]->layout", "4",                     \
+    a->caches[1].layout = PA_KV_TILED)                                                             \
+  X(copy_second_cache_tiled_block_size_17, COPY, UNS, "caches[1]->layout", "17",                   \
+    a->caches[1].layout = PA_KV_TILED;                                                             \
+    a->caches[1].block_size = 17)                                                                  \
+  X(copy_second_cache_tiled_block_size_8, COPY, UNS, "caches[1]->layout", "8",                     \
+    a->caches[1].layout = PA_KV_TILED;                                                             \
+    a->caches[1].block_size = 8)                                                                   \
+  X(copy_second_cache_tiled_head_size_40, COPY, UNS, "caches[1]->layout", "40",                    \
+    a->caches[1].layout = PA_KV_TILED;                                                             \
+    a->caches[1].block_size = 16; a->caches[1].head_size = 40)                                     \
+  X(copy_second_cache_tiled_head_size_8, COPY, UNS, "caches[1]->layout", "and 8",                  \
+    a->caches[1].layout = PA_KV_TILED;                                                             \
+    a->caches[1].block_size = 16; a->caches[1].head_size = 8)                                      \
+  X(copy_first_cache_layout_2, COPY, INV, "caches[0]->layout", "2",                                \
+    a->caches[0].layout = (pa_kv_layout)2)                                                         \
+  X(copy_first_cache_tiled_block_size_17, COPY, UNS, "caches[0]->layout", "17",                    \
+    a->caches[0].layout = PA_KV_TILED;                                                             \
+    a->caches[0].block_size = 17)                                                                  \
   /* pa_swap_blocks */                                                                             \
   X(swap_ctx_null, SWAP, INV, "ctx", NULL, a->ctx = NULL)                                          \
   X(swap_src_null, SWAP, INV, "src", NULL, a->cache_p = NULL)                                      \
@@ -378,7 +420,29 @@ static pa_status call(const args *a, entry e) {
   X(swap_dst_strided_extent_overflow, SWAP, INV, "dst->block_stride", NULL,                        \
     a->other.head_stride = INT64_MAX / 8;                                                          \
     a->other.block_stride = INT64_MAX / 4)                                                         \
-  /* pa_plan_create */                                                                             \
+  /* pa_swap_blocks: the 0.3 layout (src and dst must share it) */                                 \
+  X(swap_src_layout_2, SWAP, INV, "src->layout", "2", a->cache.layout = (pa_kv_layout)2)           \
+  X(swap_dst_layout_negative, SWAP, INV, "dst->layout", "-1", a->other.layout = (pa_kv_layout)-1)  \
+  X(swap_src_layout_negative, SWAP, INV, "src->layout", "-1", a->cache.layout = (pa_kv_layout)-1)  \
+  X(swap_dst_layout_2, SWAP, INV, "dst->layout", "2", a->other.layout = (pa_kv_layout)2)           \
+  X(swap_rows_to_tiled, SWAP, INV, "layout", NULL, a->cache.block_size = a->other.block_size = 16; \
+    a->other.layout = PA_KV_TILED)                                                                 \
+  X(swap_tiled_to_rows, SWAP, INV, "layout", NULL, a->cache.block_size = a->other.block_size = 16; \
+    a->cache.layout = PA_KV_TILED)                                                                 \
+  X(swap_tiled_block_size_4, SWAP, UNS, "layout", "4",                                             \
+    a->cache.layout = a->other.layout = PA_KV_TILED)                                               \
+  X(swap_tiled_block_size_17, SWAP, UNS, "layout", "17",                                           \
+    a->cache.block_size = a->other.block_size = 17;                                                \
+    a->cache.layout = a->other.layout = PA_KV_TILED)                                               \
+  X(swap_tiled_block_size_8, SWAP, UNS, "layout", "8",                                             \
+    a->cache.block_size = a->other.block_size = 8;                                                 \
+    a->cache.layout = a->other.layout = PA_KV_TILED)                                               \
+  X(swap_tiled_head_size_40, SWAP, UNS, "layout", "40",                                            \
+    a->cache.block_size = a->other.block_size = 16;                                                \
+    a->cache.head_size = a->other.head_size = 40; a->cache.layout = a->other.layout = PA_KV_TILED) \
+  X(swap_tiled_head_size_8, SWAP, UNS, "layout", "and 8",                                          \
+    a->cache.block_size = a->other.block_size = 16;                                                \
+    a->cache.head_size = a->other.head_size = 8; a->cache.layout = a->other.layout = PA_KV_TILED)  \
   X(plan_ctx_null, PLAN, INV, "ctx", NULL, a->ctx = NULL)                                          \
   X(plan_layer_null, PLAN, INV, "layer", NULL, a->layer = NULL)                                    \
   X(plan_batch_null, PLAN, INV, "batch", NULL, a->batch_p = NULL)                                  \
@@ -450,6 +514,25 @@ static pa_status call(const args *a, entry e) {
   X(paged_cache_strided_extent_overflow, PAGED, INV, "block_stride", NULL,                         \
     a->cache.head_stride = 1 << 20;                                                                \
     a->cache.block_stride = INT64_MAX / 7)                                                         \
+  /* pa_paged_attention: the 0.3 layout (layers of head size 8 and 40 for the tiles off 16) */     \
+  X(paged_cache_layout_2, PAGED, INV, "cache->layout", "2", a->cache.layout = (pa_kv_layout)2)     \
+  X(paged_cache_layout_negative, PAGED, INV, "cache->layout", "-1",                                \
+    a->cache.layout = (pa_kv_layout)-1)                                                            \
+  X(paged_cache_tiled_block_size_4, PAGED, UNS, "cache->layout", "4",                              \
+    a->cache.layout = PA_KV_TILED)                                                                 \
+  X(paged_cache_tiled_block_size_17, PAGED, UNS, "cache->layout", "17",                            \
+    a->cache.layout = PA_KV_TILED;                                                                 \
+    a->cache.block_size = 17)                                                                      \
+  X(paged_cache_tiled_block_size_8, PAGED, UNS, "cache->layout", "8",                              \
+    a->cache.layout = PA_KV_TILED;                                                                 \
+    a->cache.block_size = 8)                                                                       \
+  X(paged_cache_tiled_head_size_40, PAGED, UNS, "cache->layout", "40",                             \
+    a->cache.layout = PA_KV_TILED;                                                                 \
+    a->cache.block_size = 16; a->cache.head_size = 40; a->cache.num_kv_heads = 1;                  \
+    a->layer = g_layer_d40)                                                                        \
+  X(paged_cache_tiled_head_size_8, PAGED, UNS, "cache->layout", "and 8",                           \
+    a->cache.layout = PA_KV_TILED;                                                                 \
+    a->cache.block_size = 16; a->cache.head_size = 8; a->layer = g_layer_d8)                       \
   /* pa_paged_attention: a plan made for something else */                                         \
   X(paged_plan_other_seq_lens, PAGED, INV, "plan", "10", a->plan = g_plan; a->seq_lens[1] = 10)    \
   X(paged_plan_other_split, PAGED, INV, "plan", NULL, a->plan = g_plan; a->qsl[1] = 2)             \
@@ -651,6 +734,8 @@ static void setup(void) {
   g_plan_d32 = make_plan(d32);
   pa_layer_destroy(mha); /* a plan outlives the layer it was made with */
   pa_layer_destroy(d32);
+  g_layer_d8 = make_layer(NH, NKV, 8);
+  g_layer_d40 = make_layer(1, 1, 40);
 
   g_cache = new_cache(PA_F32);
   g_cache2 = new_cache(PA_F32);
@@ -750,6 +835,21 @@ static void check_validate_agrees(const bad_input *row, const args *a, pa_status
   TU_CHECK(!changed, "%s: pa_validate_paged_attention wrote %s", row->name, changed ? changed : "");
 }
 
+/* A row about the 0.3 layout breaks nothing else: the same call with every
+ * cache back in PA_KV_ROWS succeeds (and may write: the snapshot of the
+ * next row is taken afresh). */
+static void check_layout_twin(const bad_input *row) {
+  if (!strstr(row->name, "layout") && !strstr(row->name, "tiled")) return;
+  args a;
+  defaults(&a);
+  row->edit(&a);
+  a.cache.layout = a.other.layout = a.caches[0].layout = a.caches[1].layout = PA_KV_ROWS;
+  pa_status st = call(&a, row->entry);
+  TU_CHECK(st == PA_OK, "%s (%s): the same call over rows caches fails: %s (%s)", row->name,
+           entry_names[row->entry], pa_status_string(st), pa_last_error());
+  destroy_made(&a);
+}
+
 static void run_row(const bad_input *row) {
   args a;
   defaults(&a);
@@ -775,6 +875,7 @@ static void run_row(const bad_input *row) {
   if (getenv("PA_TEST_VERBOSE")) printf("  %-45s %-13s %s\n", row->name, pa_status_string(st), msg);
   if (row->entry == PAGED) check_validate_agrees(row, &a, st, msg);
   destroy_made(&a);
+  check_layout_twin(row);
 }
 
 int main(void) {
@@ -794,6 +895,8 @@ int main(void) {
   pa_plan_destroy(g_plan);
   pa_plan_destroy(g_plan_mha);
   pa_plan_destroy(g_plan_d32);
+  pa_layer_destroy(g_layer_d8);
+  pa_layer_destroy(g_layer_d40);
   pa_layer_destroy(g_layer);
   pa_context_destroy(g_ctx);
   return tu_finish("test_catalogue");

@@ -5,9 +5,9 @@
  *
  * Statuses: PA_ERR_INVALID_ARGUMENT for a null pointer, a bad shape or an
  * inconsistency; PA_ERR_OUT_OF_RANGE for a slot or block id outside the
- * cache and a seq_len beyond its block table row. Nothing here is
- * PA_ERR_UNSUPPORTED: every case is malformed, none is a well-formed request
- * the build cannot serve.
+ * cache and a seq_len beyond its block table row; PA_ERR_UNSUPPORTED for
+ * FP8 activations and for a tiled cache (0.3) whose block or head size is
+ * not a multiple of 16: well-formed requests the build cannot serve.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -623,6 +623,108 @@ static void test_valid_strides(void) {
   snapshot();
 }
 
+/* 0.3's layout: PA_KV_TILED is served where block_size and head_size are
+ * multiples of 16 (valid calls of every entry point over tiled caches
+ * first); otherwise PA_ERR_UNSUPPORTED, with a message that names the
+ * layout, block_size and head_size and their values; a layout outside the
+ * enum is PA_ERR_INVALID_ARGUMENT; a swap between layouts is refused. The
+ * failing calls address g_cache's and g_cache2's watched memory. */
+static void test_tiled_layout(void) {
+  enum { TBS = 16 };
+  pa_kv_cache t = g_cache, t2 = g_cache2;
+  t.block_size = t2.block_size = TBS;
+  t.layout = t2.layout = PA_KV_TILED;
+  t.key = tu_calloc(1, hx_cache_bytes(&t));
+  t.value = tu_calloc(1, hx_cache_bytes(&t));
+  t2.key = tu_calloc(1, 2 * hx_cache_bytes(&t2));
+  t2.value = (char *)t2.key + (size_t)TBS * D * sizeof(float); /* vLLM's page */
+  t2.head_stride = 2 * TBS * D;
+  t2.block_stride = NKV * t2.head_stride;
+  float out[(ROWS + 1) * QW], lse[ROWS * NH + 4];
+  OK(pa_write_kv(g_ctx, &t, g_krows, KW, g_vrows, KW, PA_F32, 3, g_slots));
+  OK(pa_copy_blocks(g_ctx, &t, 1, g_pairs, 2));
+  OK(pa_swap_blocks(g_ctx, &t, &t2, g_pairs, 2));
+  OK(pa_swap_blocks(g_ctx, &t2, &t, g_pairs, 2));
+  OK(pa_validate_paged_attention(g_ctx, g_layer, NULL, g_query, QW, &t, &g_batch, out, QW));
+  OK(pa_paged_attention(g_ctx, g_layer, NULL, g_query, QW, &t, &g_batch, out, QW, lse));
+  OK(pa_paged_attention(g_ctx, g_layer, NULL, g_query, QW, &t2, &g_batch, out, QW, lse));
+  free(t.key);
+  free(t.value);
+  free(t2.key);
+
+  /* The same geometry over the watched memory, broken one field at a time. */
+  t = g_cache;
+  t.block_size = TBS;
+  t.layout = PA_KV_TILED;
+  const float *k = g_krows, *v = g_vrows;
+  static const struct {
+    int block_size, head_size;
+    const char *values;
+  } off[] = {{17, D, "17"}, {8, D, "8"}, {BS, D, "4"}, {TBS, 40, "40"}, {TBS, 8, "8"}};
+  for (int i = 0; i < 5; i++) {
+    pa_kv_cache c = t;
+    c.block_size = off[i].block_size;
+    c.head_size = off[i].head_size;
+    int64_t stride = NKV * (int64_t)c.head_size > KW ? NKV * (int64_t)c.head_size : KW;
+    EXPECT(UNS, "layout", pa_write_kv(g_ctx, &c, k, stride, v, stride, PA_F32, 3, g_slots));
+    message_has(__LINE__, "block_size");
+    message_has(__LINE__, "head_size");
+    message_has(__LINE__, off[i].values);
+    EXPECT(UNS, "layout", pa_copy_blocks(g_ctx, &c, 1, g_pairs, 2));
+    message_has(__LINE__, "block_size");
+    message_has(__LINE__, "head_size");
+    pa_kv_cache d = c;
+    d.key = g_cache2.key;
+    d.value = g_cache2.value;
+    EXPECT(UNS, "layout", pa_swap_blocks(g_ctx, &c, &d, g_pairs, 2));
+    message_has(__LINE__, off[i].values);
+    if (c.head_size != D) continue; /* attention: the layer's head size */
+    EXPECT(UNS, "layout", paged(g_layer, NULL, &c, &g_batch));
+    message_has(__LINE__, "block_size");
+    message_has(__LINE__, "head_size");
+    message_has(__LINE__, off[i].values);
+    EXPECT(UNS, "layout",
+           pa_validate_paged_attention(g_ctx, g_layer, NULL, g_query, QW, &c, &g_batch, g_out, QW));
+  }
+
+  /* Values outside the enum. */
+  static const int bad[] = {2, -1, 1000};
+  for (int i = 0; i < 3; i++) {
+    pa_kv_cache c = g_cache;
+    c.layout = (pa_kv_layout)bad[i];
+    char value[16];
+    snprintf(value, sizeof value, "%d", bad[i]);
+    EXPECT(INV, "layout", pa_write_kv(g_ctx, &c, k, KW, v, KW, PA_F32, 3, g_slots));
+    message_has(__LINE__, value);
+    EXPECT(INV, "layout", paged(g_layer, NULL, &c, &g_batch));
+    message_has(__LINE__, value);
+    EXPECT(INV, "layout",
+           pa_validate_paged_attention(g_ctx, g_layer, NULL, g_query, QW, &c, &g_batch, g_out, QW));
+    pa_kv_cache two[2] = {g_cache, c};
+    two[1].key = g_cache2.key;
+    two[1].value = g_cache2.value;
+    EXPECT(INV, "caches[1]->layout", pa_copy_blocks(g_ctx, two, 2, g_pairs, 2));
+    EXPECT(INV, "src->layout", pa_swap_blocks(g_ctx, &c, &g_cache2, g_pairs, 2));
+    pa_kv_cache d = c;
+    d.key = g_cache2.key;
+    d.value = g_cache2.value;
+    EXPECT(INV, "dst->layout", pa_swap_blocks(g_ctx, &g_cache, &d, g_pairs, 2));
+  }
+
+  /* Blocks are swapped as stored: rows to tiled and back are refused. */
+  pa_kv_cache rows = g_cache, tiled = g_cache2;
+  rows.block_size = tiled.block_size = TBS;
+  tiled.layout = PA_KV_TILED;
+  EXPECT(INV, "layout", pa_swap_blocks(g_ctx, &rows, &tiled, g_pairs, 2));
+  message_has(__LINE__, "dst");
+  tiled.key = g_cache.key;
+  tiled.value = g_cache.value;
+  rows.key = g_cache2.key;
+  rows.value = g_cache2.value;
+  EXPECT(INV, "layout", pa_swap_blocks(g_ctx, &tiled, &rows, g_pairs, 2));
+  snapshot();
+}
+
 static void test_merge_states(void) {
   float la[ROWS * NH], lb[ROWS * NH];
   for (int i = 0; i < ROWS * NH; i++) la[i] = lb[i] = 0.5f * (float)(i % 3);
@@ -773,6 +875,7 @@ int main(void) {
   test_plan_create();
   test_paged_attention();
   test_valid_strides();
+  test_tiled_layout();
   test_merge_states();
   test_plan_mismatch();
   test_varlen();

@@ -79,7 +79,7 @@ static int64_t shuffled_slots(tu_rng *rng, int64_t n, int64_t *slots) {
 /* Every value of `values` (f32) stored as src dtype rows, written into a
  * cache of each dtype, with unit and random FP8 scales. */
 static void write_values(tu_rng *rng, const char *what, const float *values, int64_t count,
-                         pa_dtype src) {
+                         pa_dtype src, pa_kv_layout order) {
   const int nkv = 2, d = 64, width = nkv * d, bs = 16;
   int64_t tokens = (count + width - 1) / width;
   int64_t blocks = (tokens + bs - 1) / bs + 1;
@@ -91,11 +91,13 @@ static void write_values(tu_rng *rng, const char *what, const float *values, int
     for (int scaled = 0; scaled < 2; scaled++) {
       if (scaled && t < PA_FP8_E4M3) continue;
       char tag[128];
-      snprintf(tag, sizeof tag, "write %s as %s into %s cache%s", what, pa_dtype_name(src),
-               pa_dtype_name((pa_dtype)t), scaled ? " with random scales" : "");
+      snprintf(tag, sizeof tag, "write %s as %s into %s%s cache%s", what, pa_dtype_name(src),
+               order == PA_KV_TILED ? "tiled " : "", pa_dtype_name((pa_dtype)t),
+               scaled ? " with random scales" : "");
       float k_scale = scaled ? (float)tu_range(rng, 0.01, 3.0) : 1.0f;
       float v_scale = scaled ? (float)tu_range(rng, 0.01, 3.0) : 1.0f;
       pa_kv_cache cache = make_cache(blocks, bs, nkv, d, (pa_dtype)t, k_scale, v_scale);
+      cache.layout = order;
       tu_fill_random_bytes(rng, cache.key, hx_cache_bytes(&cache));
       tu_fill_random_bytes(rng, cache.value, hx_cache_bytes(&cache));
       int64_t rows = shuffled_slots(rng, tokens, slots);
@@ -126,9 +128,9 @@ static void test_write_conversions(tu_rng *rng) {
    * sees its whole rounding (and saturation, and NaN / inf) range. */
   float *v = tu_malloc(65536 * sizeof(float));
   for (int code = 0; code < 65536; code++) v[code] = ref_f16_decode((uint16_t)code);
-  write_values(rng, "every f16 code", v, 65536, PA_F16);
+  write_values(rng, "every f16 code", v, 65536, PA_F16, PA_KV_ROWS);
   for (int code = 0; code < 65536; code++) v[code] = ref_bf16_decode((uint16_t)code);
-  write_values(rng, "every bf16 code", v, 65536, PA_BF16);
+  write_values(rng, "every bf16 code", v, 65536, PA_BF16, PA_KV_ROWS);
   free(v);
 
   /* F32 sources: every midpoint between adjacent finite values of F16, BF16
@@ -157,7 +159,7 @@ static void test_write_conversions(tu_rng *rng) {
                                    65504.0f, 65520.0f, 65536.0f, 448.0f,    464.0f,
                                    480.0f,   1e6f,     57344.0f, 61440.0f,  -1e30f};
   for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) f[n++] = specials[i];
-  write_values(rng, "f32 midpoints and specials", f, n, PA_F32);
+  write_values(rng, "f32 midpoints and specials", f, n, PA_F32, PA_KV_ROWS);
   free(f);
 }
 
@@ -347,10 +349,11 @@ typedef struct strided_cache {
   hx_cache_mem mem;
 } strided_cache;
 
-static strided_cache make_strided(tu_rng *rng, hx_layout layout, int64_t num_blocks, int block_size,
-                                  int nkv, int d, pa_dtype t) {
+static strided_cache make_ordered(tu_rng *rng, hx_layout layout, pa_kv_layout order,
+                                  int64_t num_blocks, int block_size, int nkv, int d, pa_dtype t) {
   strided_cache s;
   memset(&s, 0, sizeof s);
+  s.c.layout = order;
   s.c.num_blocks = num_blocks;
   s.c.block_size = block_size;
   s.c.num_kv_heads = nkv;
@@ -367,6 +370,11 @@ static strided_cache make_strided(tu_rng *rng, hx_layout layout, int64_t num_blo
   }
   free(tiles);
   return s;
+}
+
+static strided_cache make_strided(tu_rng *rng, hx_layout layout, int64_t num_blocks, int block_size,
+                                  int nkv, int d, pa_dtype t) {
+  return make_ordered(rng, layout, PA_KV_ROWS, num_blocks, block_size, nkv, d, t);
 }
 
 /* Dense images of both sides' tiles. */
@@ -524,6 +532,279 @@ static void test_strided_swap(tu_rng *rng) {
   }
 }
 
+/* ---- tiled caches (0.3) ----------------------------------------------------- */
+
+/* pa_write_kv into tiled caches of every cache dtype from every source
+ * dtype, in every stride layout, block sizes 16, 32 and 48 and head sizes
+ * 16 to 128: shuffled slots with padding rows, repeated slots (the later
+ * row wins), rows long enough for 3 threads to split; the cache compared
+ * element by element through the harness's index of the tiled order, and
+ * every byte between the tiles left alone. */
+static void test_tiled_write(tu_rng *rng) {
+  static const int block_sizes[] = {16, 32, 48}, head_sizes[] = {16, 48, 64, 128};
+  for (int t = PA_F32; t <= PA_FP8_E5M2; t++) {
+    for (int src_i = 0; src_i < 3; src_i++) {
+      int i = t * 3 + src_i;
+      hx_layout layout = (hx_layout)(i % HX_NUM_LAYOUTS);
+      pa_dtype src = (pa_dtype)src_i;
+      const int nkv = 1 + i % 3, d = head_sizes[i % 4], bs = block_sizes[i % 3], width = nkv * d;
+      int64_t nb = 64 / bs + 2;
+      char tag[160];
+      snprintf(tag, sizeof tag,
+               "write %s rows into a tiled %s cache of block_size %d, head_size %d, %d kv heads, "
+               "%s layout",
+               pa_dtype_name(src), pa_dtype_name((pa_dtype)t), bs, d, nkv, hx_layout_name(layout));
+      strided_cache s = make_ordered(rng, layout, PA_KV_TILED, nb, bs, nkv, d, (pa_dtype)t);
+      s.c.k_scale = (float)tu_range(rng, 0.01, 3.0);
+      s.c.v_scale = (float)tu_range(rng, 0.01, 3.0);
+      int64_t *slots = tu_malloc((size_t)(2 * nb * bs + 8) * sizeof(int64_t));
+      int64_t rows = shuffled_slots(rng, nb * bs - 5, slots);
+      for (int r = 0; r < 4; r++, rows++) /* repeated slots: the later row wins */
+        slots[rows] = slots[tu_int(rng, 0, (int)rows - 1)];
+      int64_t ks = width + tu_int(rng, 0, 3), vs = width + tu_int(rng, 0, 3);
+      void *krows = hx_alloc_rows(rows, ks, src), *vrows = hx_alloc_rows(rows, vs, src);
+      hx_fill_rows(rng, krows, ks, rows, width, src, 3.0);
+      hx_fill_rows(rng, vrows, vs, rows, width, src, 3.0);
+      write_and_check(tag, i % 2 ? g_ctx3 : g_ctx1, &s.c, krows, ks, vrows, vs, src, rows, slots);
+      hx_check_padding(tag, &s.c, &s.mem);
+      free(krows);
+      free(vrows);
+      free(slots);
+      hx_cache_free(&s.mem);
+    }
+  }
+}
+
+/* Every BF16 code through a tiled cache of each dtype (with unit and
+ * random FP8 scales): the conversions of a write into rows, each element
+ * placed in the tiled order. */
+static void test_tiled_conversions(tu_rng *rng) {
+  float *v = tu_malloc(65536 * sizeof(float));
+  for (int code = 0; code < 65536; code++) v[code] = ref_bf16_decode((uint16_t)code);
+  write_values(rng, "every bf16 code", v, 65536, PA_BF16, PA_KV_TILED);
+  free(v);
+}
+
+/* The tiled order read off memory as the header draws it, not through the
+ * harness's index: each (block, KV head) key tile is block_size / 16
+ * groups of head_size / 2 rows of 16 tokens x 2 elements, each value tile
+ * head_size / 16 groups of block_size / 2 rows of 16 elements x 2 tokens.
+ * Every slot gets a token whose elements all hold different codes: f32
+ * values slot * 1000 + h * 100 + e (keys; values negated), and raw bf16
+ * bits written from bf16 rows (a same-dtype write places them as they
+ * are), dense and in vLLM's padded page. */
+static uint32_t hand_code(pa_dtype t, int side, int64_t slot, int h, int e, int nkv, int d) {
+  if (t == PA_F32) {
+    float x = (float)(slot * 1000 + h * 100 + e) * (side ? -1.0f : 1.0f);
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits;
+  }
+  return (uint32_t)((1 + (slot * nkv + h) * d + e) * 2 + side) & 0xFFFFu;
+}
+
+static void test_tiled_by_hand(tu_rng *rng) {
+  static const int shapes[][3] = {{32, 48, 2}, {16, 16, 1}, {48, 32, 3}};
+  for (int i = 0; i < 6; i++) {
+    int bs = shapes[i % 3][0], d = shapes[i % 3][1], nkv = shapes[i % 3][2], width = nkv * d;
+    pa_dtype t = i < 3 ? PA_F32 : PA_BF16;
+    size_t es = pa_dtype_size(t);
+    hx_layout layout = i % 2 ? HX_VLLM_PADDED : HX_DENSE;
+    const int64_t nb = 3;
+    strided_cache s = make_ordered(rng, layout, PA_KV_TILED, nb, bs, nkv, d, t);
+    int64_t n = nb * bs;
+    int64_t *slots = tu_malloc((size_t)n * sizeof(int64_t));
+    unsigned char *rows[2] = {tu_malloc((size_t)(n * width) * es),
+                              tu_malloc((size_t)(n * width) * es)};
+    for (int64_t r = 0; r < n; r++) {
+      slots[r] = (r * 7 + 3) % n; /* every slot once, out of order */
+      for (int side = 0; side < 2; side++)
+        for (int h = 0; h < nkv; h++)
+          for (int e = 0; e < d; e++) {
+            uint32_t code = hand_code(t, side, slots[r], h, e, nkv, d);
+            memcpy(rows[side] + (size_t)(r * width + h * d + e) * es, &code, es);
+          }
+    }
+    char tag[128];
+    snprintf(tag, sizeof tag, "tiled %s cache by hand, block_size %d, head_size %d, %s layout",
+             pa_dtype_name(t), bs, d, hx_layout_name(layout));
+    pa_status st =
+        pa_write_kv(i % 2 ? g_ctx3 : g_ctx1, &s.c, rows[0], width, rows[1], width, t, n, slots);
+    TU_CHECK(st == PA_OK, "%s: pa_write_kv: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    int64_t tile_stride = s.c.head_stride ? s.c.head_stride : (int64_t)bs * d;
+    int64_t block_stride = s.c.block_stride ? s.c.block_stride : nkv * tile_stride;
+    long bad = 0;
+    for (int64_t b = 0; b < nb; b++) {
+      for (int h = 0; h < nkv; h++) {
+        for (int side = 0; side < 2; side++) {
+          const unsigned char *tile = (const unsigned char *)(side ? s.c.value : s.c.key) +
+                                      (size_t)(b * block_stride + h * tile_stride) * es;
+          int groups = side ? d / 16 : bs / 16, rows_per_group = side ? bs / 2 : d / 2;
+          int64_t pos = 0;
+          for (int g = 0; g < groups; g++)
+            for (int row = 0; row < rows_per_group; row++)
+              for (int col = 0; col < 16; col++)
+                for (int pair = 0; pair < 2; pair++, pos++) {
+                  int tok = side ? 2 * row + pair : 16 * g + col;
+                  int e = side ? 16 * g + col : 2 * row + pair;
+                  uint32_t want = hand_code(t, side, b * bs + tok, h, e, nkv, d), got = 0;
+                  memcpy(&got, tile + (size_t)pos * es, es);
+                  if (got != want && bad++ < 4)
+                    TU_CHECK(0,
+                             "%s: %s tile of block %lld head %d, element %lld of the tile "
+                             "(group %d, row %d, column %d, pair %d): bits 0x%X, want token %d's "
+                             "element %d, 0x%X",
+                             tag, side ? "value" : "key", (long long)b, h, (long long)pos, g, row,
+                             col, pair, (unsigned)got, tok, e, (unsigned)want);
+                }
+          TU_CHECK(pos == (int64_t)bs * d, "%s: the walk covered %lld elements", tag,
+                   (long long)pos);
+        }
+      }
+    }
+    TU_CHECK(bad == 0, "%s: %ld elements out of place", tag, bad);
+    hx_check_padding(tag, &s.c, &s.mem);
+    free(slots);
+    free(rows[0]);
+    free(rows[1]);
+    hx_cache_free(&s.mem);
+  }
+}
+
+/* Two rows for one slot of a tiled cache: the later wins, also in a long
+ * write that 3 threads split. */
+static void test_tiled_write_order(void) {
+  const int nkv = 1, d = 16, bs = 16, half = 3000;
+  pa_kv_cache cache = make_cache(half / bs + 1, bs, nkv, d, PA_BF16, 1, 1);
+  cache.layout = PA_KV_TILED;
+  size_t bytes = hx_cache_bytes(&cache);
+  memset(cache.key, 0, bytes);
+  memset(cache.value, 0, bytes);
+  int64_t n = 2 * half;
+  float *k = tu_malloc((size_t)n * d * sizeof(float)),
+        *v = tu_malloc((size_t)n * d * sizeof(float));
+  int64_t *slots = tu_malloc((size_t)n * sizeof(int64_t));
+  for (int64_t t = 0; t < n; t++) {
+    slots[t] = (t % half + 7 * (t / half)) % half; /* each slot twice */
+    for (int c = 0; c < d; c++) {
+      k[t * d + c] = (float)(t % 251);
+      v[t * d + c] = (float)-(t % 241);
+    }
+  }
+  write_and_check("tiled, repeated slots (later wins)", g_ctx3, &cache, k, d, v, d, PA_F32, n,
+                  slots);
+  write_and_check("tiled, repeated slots (later wins), 1 thread", g_ctx1, &cache, v, d, k, d,
+                  PA_F32, n, slots);
+  for (int64_t t = 0; t < n; t++) slots[t] = -1 - (t % 3);
+  write_and_check("tiled, only padding", g_ctx3, &cache, k, d, v, d, PA_F32, n, slots);
+  free(k);
+  free(v);
+  free(slots);
+  free_cache(&cache);
+}
+
+/* pa_copy_blocks over three tiled caches at once (a rows cache among them
+ * every other round), each in its own stride layout: chains, repeated
+ * destinations, self copies; with 1 and 3 threads, and big enough for 3
+ * threads to cut blocks mid-tile. The tiles move as stored: compared in
+ * token rows through each cache's own order. */
+static void test_tiled_copy(tu_rng *rng) {
+  for (int round = 0; round < HX_NUM_LAYOUTS; round++) {
+    const int num_caches = 3;
+    const int64_t nb = 12;
+    int big = round % 3 == 2;
+    strided_cache caches[3];
+    pa_kv_cache plain[3];
+    unsigned char *img[3][2];
+    for (int i = 0; i < num_caches; i++) {
+      hx_layout layout = (hx_layout)((round + 2 * i) % HX_NUM_LAYOUTS);
+      pa_kv_layout order = round % 2 && i == 1 ? PA_KV_ROWS : PA_KV_TILED;
+      caches[i] = make_ordered(rng, layout, order, nb, big ? 32 : 16 * (1 + i % 3), 1 + i % 2,
+                               big ? 128 : 16 + 32 * (i % 2), (pa_dtype)((round + i) % 5));
+      plain[i] = caches[i].c;
+      gather_both(&plain[i], img[i]);
+    }
+    int64_t pairs[2 * 40] = {0, 1, 1, 2, 2, 3, 7, 5, 8, 5, 4, 4, 9, 10, 10, 9};
+    int64_t n = 8;
+    while (n < 40) {
+      pairs[2 * n] = tu_int(rng, 0, (int)nb - 1);
+      pairs[2 * n + 1] = tu_int(rng, 0, (int)nb - 1);
+      n++;
+    }
+    for (int i = 0; i < num_caches; i++)
+      apply_pairs(&plain[i], img[i][0], img[i][1], img[i][0], img[i][1], pairs, n);
+    pa_status st = pa_copy_blocks(round % 2 ? g_ctx1 : g_ctx3, plain, num_caches, pairs, n);
+    char tag[128];
+    snprintf(tag, sizeof tag, "pa_copy_blocks over tiled caches, round %d (%s, %s, %s)%s", round,
+             hx_layout_name((hx_layout)(round % HX_NUM_LAYOUTS)),
+             hx_layout_name((hx_layout)((round + 2) % HX_NUM_LAYOUTS)),
+             hx_layout_name((hx_layout)((round + 4) % HX_NUM_LAYOUTS)), big ? ", big blocks" : "");
+    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    for (int i = 0; i < num_caches; i++) {
+      compare_tiles(tag, &caches[i], img[i]);
+      free(img[i][0]);
+      free(img[i][1]);
+      hx_cache_free(&caches[i].mem);
+    }
+  }
+}
+
+/* pa_swap_blocks between two tiled caches of different strides (a strided
+ * device cache and a dense host pool, both ways, padded ones, vLLM's page),
+ * every dtype; the source keeps every byte, the destination its padding. */
+static void test_tiled_swap(tu_rng *rng) {
+  static const hx_layout pairs_of_layouts[][2] = {
+      {HX_VLLM, HX_DENSE},
+      {HX_DENSE, HX_VLLM_PADDED},
+      {HX_SEPARATE_PADDED, HX_VLLM},
+      {HX_BLOCK_PADDED, HX_DENSE},
+      {HX_DENSE_EXPLICIT, HX_SEPARATE_PADDED},
+  };
+  for (int i = 0; i < 5; i++) {
+    pa_dtype t = (pa_dtype)i;
+    int big = i % 2 == 0;
+    int bs = big ? 32 : 16, nkv = 2, d = big ? 128 : 48;
+    strided_cache dev = make_ordered(rng, pairs_of_layouts[i][0], PA_KV_TILED, 10, bs, nkv, d, t);
+    strided_cache host = make_ordered(rng, pairs_of_layouts[i][1], PA_KV_TILED, 25, bs, nkv, d, t);
+    unsigned char *img[2][2];
+    gather_both(&dev.c, img[0]);
+    gather_both(&host.c, img[1]);
+    int64_t out[2 * 6] = {0, 24, 3, 11, 9, 0, 3, 24, 5, 12, 6, 13};
+    int64_t in[2 * 4] = {24, 1, 11, 2, 0, 9, 13, 9};
+    char tag[128];
+    snprintf(tag, sizeof tag, "pa_swap_blocks tiled %s, %s to %s", pa_dtype_name(t),
+             hx_layout_name(pairs_of_layouts[i][0]), hx_layout_name(pairs_of_layouts[i][1]));
+    unsigned char *dev_bytes[2] = {NULL, NULL};
+    for (int m = 0; m < 2; m++) {
+      if (!dev.mem.buf[m]) continue;
+      dev_bytes[m] = tu_malloc(dev.mem.bytes[m]);
+      memcpy(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]);
+    }
+    apply_pairs(&dev.c, img[0][0], img[0][1], img[1][0], img[1][1], out, 6);
+    pa_status st = pa_swap_blocks(big ? g_ctx3 : g_ctx1, &dev.c, &host.c, out, 6);
+    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    compare_tiles(tag, &host, img[1]);
+    for (int m = 0; m < 2; m++)
+      TU_CHECK(!dev_bytes[m] || memcmp(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]) == 0,
+               "%s: the source's buffer %d changed", tag, m);
+
+    snprintf(tag, sizeof tag, "pa_swap_blocks tiled %s, %s back to %s", pa_dtype_name(t),
+             hx_layout_name(pairs_of_layouts[i][1]), hx_layout_name(pairs_of_layouts[i][0]));
+    apply_pairs(&host.c, img[1][0], img[1][1], img[0][0], img[0][1], in, 4);
+    st = pa_swap_blocks(big ? g_ctx1 : g_ctx3, &host.c, &dev.c, in, 4);
+    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+    compare_tiles(tag, &dev, img[0]);
+    compare_tiles("pa_swap_blocks leaves its tiled source alone", &host, img[1]);
+    for (int m = 0; m < 2; m++) {
+      free(img[m][0]);
+      free(img[m][1]);
+      free(dev_bytes[m]);
+    }
+    hx_cache_free(&dev.mem);
+    hx_cache_free(&host.mem);
+  }
+}
+
 /* An initialiser of 0.1's nine fields still describes the dense layout
  * (the new fields are zero). -Wextra warns about the missing fields, which
  * is the point here. */
@@ -550,6 +831,25 @@ static void test_positional_initialiser(void) {
   TU_CHECK(key[((2 * NKV + 1) * BS + 1) * D + 3] == (float)(D + 3) && value[D + 3] == 0.0f &&
                key[(1 * BS + 0) * D + 2] == (float)(100 + D + 2),
            "nine-field initialiser: not the dense layout");
+
+  /* 0.2's eleven fields (the strides): layout stays PA_KV_ROWS, the order
+   * of 0.2. */
+  static float key2[NB * NKV * BS * D], value2[NB * NKV * BS * D];
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#endif
+  pa_kv_cache cache2 = {key2, value2, NB, BS, NKV, D, PA_F32, 1.0f, 1.0f, 0, 0};
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+  TU_CHECK(cache2.layout == PA_KV_ROWS, "an eleven-field initialiser leaves layout %d",
+           (int)cache2.layout);
+  write_and_check("eleven-field initialiser", g_ctx3, &cache2, rows, NKV * D, rows, NKV * D, PA_F32,
+                  2, slots);
+  TU_CHECK(key2[((2 * NKV + 1) * BS + 1) * D + 3] == (float)(D + 3) && value2[D + 3] == 0.0f &&
+               key2[(1 * BS + 0) * D + 2] == (float)(100 + D + 2),
+           "eleven-field initialiser: not the rows order");
 }
 
 int main(int argc, char **argv) {
@@ -571,6 +871,14 @@ int main(int argc, char **argv) {
   test_strided_copy(&rng);
   test_strided_swap(&rng);
   test_positional_initialiser();
+  double t_tiled = tu_now();
+  test_tiled_by_hand(&rng);
+  test_tiled_write(&rng);
+  test_tiled_conversions(&rng);
+  test_tiled_write_order();
+  test_tiled_copy(&rng);
+  test_tiled_swap(&rng);
+  printf("test_kv_cache: tiled caches %.2f s\n", tu_now() - t_tiled);
   pa_context_destroy(g_ctx1);
   pa_context_destroy(g_ctx3);
   printf("test_kv_cache: %.2f s; fp8 elements matching only x * (1 / scale): %ld\n", tu_now() - t0,

@@ -200,7 +200,8 @@ static void test_big_cache(pa_dtype t, int64_t num_blocks) {
   float query[4 * QW], out[5 * QW], lse[4 * NH + 4];
   double ref_out[4 * QW], ref_lse[4 * NH], vmax[4];
   hx_fill_rows(&rng, query, QW, 4, QW, PA_F32, 1.0);
-  ref_cache rc = {c->key, c->value, nb, BS, NKV, HS, hx_ref_dtype(t), c->k_scale, c->v_scale, 0, 0};
+  ref_cache rc = {c->key,          c->value,   nb,         BS, NKV, HS,
+                  hx_ref_dtype(t), c->k_scale, c->v_scale, 0,  0,   REF_ROWS};
   ref_paged_attention(&ref, REF_F32, query, QW, &rc, 2, qsl, seq_lens, bt, STRIDE, ref_out, ref_lse,
                       vmax);
   for (int i = 0; i < 2 && layer; i++) {

@@ -6,6 +6,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "reference.h"
@@ -288,7 +289,7 @@ static void test_paged_gather(void) {
     key[slot] = ref_e4m3_encode(tok_k[t] / 0.5f);
     val[slot] = ref_e4m3_encode(-tok_k[t] / 0.25f);
   }
-  ref_cache c = {key, val, 3, 2, 1, 1, REF_E4M3, 0.5, 0.25, 0, 0};
+  ref_cache c = {key, val, 3, 2, 1, 1, REF_E4M3, 0.5, 0.25, 0, 0, REF_ROWS};
   double k[3], v[3];
   ref_gather_paged(&c, table, 3, k, v);
   TU_CHECK(k[0] == 1 && k[1] == 2 && k[2] == 3 && v[0] == -1 && v[2] == -3, "gather");
@@ -300,15 +301,88 @@ static void test_paged_gather(void) {
    * value is 2 further on. */
   float buf[3 * 9];
   for (int i = 0; i < 27; i++) buf[i] = (float)(1000 + i);
-  ref_cache s = {buf, buf + 2, 3, 2, 2, 1, REF_F32, 1, 1, 9, 4};
-  TU_CHECK(ref_cache_index(&s, 2, 1, 1, 0) == 23, "strided index: %lld",
-           (long long)ref_cache_index(&s, 2, 1, 1, 0));
+  ref_cache s = {buf, buf + 2, 3, 2, 2, 1, REF_F32, 1, 1, 9, 4, REF_ROWS};
+  TU_CHECK(ref_cache_index(&s, 0, 2, 1, 1, 0) == 23 && ref_cache_index(&s, 1, 2, 1, 1, 0) == 23,
+           "strided index: %lld", (long long)ref_cache_index(&s, 0, 2, 1, 1, 0));
   double sk[3 * 2], sv[3 * 2];
   ref_gather_paged(&s, table, 3, sk, sv);
   /* Token 2 (block 0, offset 0), head 1: key at 4, value at 6. */
   TU_CHECK(sk[0] == 1018 && sk[1] == 1022 && sv[0] == 1020 && sv[1] == 1024 && sk[5] == 1004 &&
                sv[5] == 1006,
            "strided gather: %g %g %g %g %g %g", sk[0], sk[1], sv[0], sv[1], sk[5], sv[5]);
+}
+
+/* PA_KV_TILED's element order, worked out by hand from the header's
+ * pictures (keys: 16-token groups of head_size / 2 rows of 16 tokens x 2
+ * elements; values: 16-element column groups of block_size / 2 rows of 16
+ * elements x 2 tokens), then every tile position taken exactly once. */
+static void test_tiled_order(void) {
+  static const struct {
+    int side, bs, d, t, e;
+    int64_t at;
+  } cases[] = {
+      {0, 16, 16, 0, 0, 0},
+      {0, 16, 16, 0, 1, 1},
+      {0, 16, 16, 1, 0, 2},
+      {0, 16, 16, 15, 1, 31},
+      {0, 16, 16, 0, 2, 32},
+      {0, 16, 16, 3, 15, 7 * 32 + 7},
+      {0, 32, 16, 16, 0, 256},
+      {0, 32, 16, 17, 5, 323},
+      {0, 48, 80, 40, 79, 2 * 1280 + 39 * 32 + 17},
+      {1, 16, 16, 0, 0, 0},
+      {1, 16, 16, 1, 0, 1},
+      {1, 16, 16, 0, 1, 2},
+      {1, 16, 16, 2, 0, 32},
+      {1, 32, 16, 17, 5, 267},
+      {1, 32, 32, 3, 20, 512 + 32 + 9},
+      {1, 48, 80, 47, 79, 4 * 768 + 23 * 32 + 31},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int64_t at =
+        ref_tile_offset(REF_TILED, cases[i].side, cases[i].bs, cases[i].d, cases[i].t, cases[i].e);
+    TU_CHECK(at == cases[i].at, "tiled %s bs %d d %d t %d e %d: %lld, want %lld",
+             cases[i].side ? "value" : "key", cases[i].bs, cases[i].d, cases[i].t, cases[i].e,
+             (long long)at, (long long)cases[i].at);
+  }
+  TU_CHECK(ref_tile_offset(REF_ROWS, 1, 32, 48, 5, 7) == 5 * 48 + 7, "rows order");
+  static const int shapes[][2] = {{16, 16}, {32, 48}, {48, 80}, {128, 16}, {16, 256}};
+  for (int i = 0; i < 5; i++) {
+    int bs = shapes[i][0], d = shapes[i][1];
+    for (int side = 0; side < 2; side++) {
+      unsigned char *seen = tu_calloc((size_t)bs * (size_t)d, 1);
+      long bad = 0;
+      for (int t = 0; t < bs; t++)
+        for (int e = 0; e < d; e++) {
+          int64_t at = ref_tile_offset(REF_TILED, side, bs, d, t, e);
+          if (at < 0 || at >= (int64_t)bs * d || seen[at]++) bad++;
+        }
+      TU_CHECK(bad == 0, "tiled %s order of %d x %d: %ld positions out of the tile or taken twice",
+               side ? "value" : "key", bs, d, bad);
+      free(seen);
+    }
+  }
+
+  /* A gather through a tiled cache: one f32 block of 16 tokens, one head of
+   * 16, element (t, e) of keys holding 100 t + e and values -(100 t + e),
+   * placed by hand (keys: pair rows of 16 tokens; values: pair rows of 16
+   * columns). */
+  float kbuf[256], vbuf[256];
+  for (int row = 0; row < 8; row++)
+    for (int col = 0; col < 16; col++)
+      for (int pair = 0; pair < 2; pair++) {
+        kbuf[row * 32 + col * 2 + pair] = (float)(100 * col + 2 * row + pair);
+        vbuf[row * 32 + col * 2 + pair] = -(float)(100 * (2 * row + pair) + col);
+      }
+  ref_cache tc = {kbuf, vbuf, 1, 16, 1, 16, REF_F32, 1, 1, 0, 0, REF_TILED};
+  int32_t one[1] = {0};
+  double tk[16 * 16], tv[16 * 16];
+  ref_gather_paged(&tc, one, 16, tk, tv);
+  long bad = 0;
+  for (int t = 0; t < 16; t++)
+    for (int e = 0; e < 16; e++)
+      bad += tk[t * 16 + e] != 100 * t + e || tv[t * 16 + e] != -(100 * t + e);
+  TU_CHECK(bad == 0, "tiled gather: %ld elements wrong", bad);
 }
 
 /* The merge by hand: two rows of one head of size 2. */
@@ -340,6 +414,7 @@ int main(int argc, char **argv) {
   test_masks();
   test_attention_by_hand();
   test_paged_gather();
+  test_tiled_order();
   test_merge_by_hand();
   printf("test_reference: %.2f s\n", tu_now() - t0);
   return tu_finish("test_reference");

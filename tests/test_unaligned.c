@@ -119,8 +119,8 @@ static void run_case(pa_dtype act, pa_dtype cache_dtype, int offset) {
   hx_fill_rows(&rng, query, QSTRIDE, ROWS, WIDTH, act, 1.0);
   double *ref_out = tu_malloc(ROWS * WIDTH * sizeof(double));
   double ref_lse[ROWS * NH], vmax[ROWS];
-  ref_cache rc = {cache.key,     cache.value,   NB, BS, NKV, HS, hx_ref_dtype(cache_dtype),
-                  cache.k_scale, cache.v_scale, 0,  0};
+  ref_cache rc = {cache.key,     cache.value,   NB, BS, NKV,     HS, hx_ref_dtype(cache_dtype),
+                  cache.k_scale, cache.v_scale, 0,  0,  REF_ROWS};
   ref_paged_attention(&ref, hx_ref_dtype(act), query, QSTRIDE, &rc, NSEQ, qsl, seq_lens, bt, 3,
                       ref_out, ref_lse, vmax);
   for (int with_plan = 0; with_plan < 2; with_plan++) {

@@ -498,12 +498,7 @@ void fz_cache_free(fz_cache *fc) {
   fz_free(&fc->value);
 }
 
-ref_cache fz_ref_cache(const pa_kv_cache *c) {
-  ref_cache rc = {c->key,          c->value,        c->num_blocks,       c->block_size,
-                  c->num_kv_heads, c->head_size,    (ref_dtype)c->dtype, c->k_scale,
-                  c->v_scale,      c->block_stride, c->head_stride};
-  return rc;
-}
+ref_cache fz_ref_cache(const pa_kv_cache *c) { return hx_ref_cache(c); }
 
 /* ---- layers ------------------------------------------------------------------ */
 
