@@ -98,6 +98,27 @@ static int tile_view(const pyx_tensor *t, const char *name, pa_kv_cache *c) {
   return 0;
 }
 
+int pyx_layout_arg(PyObject *obj, pa_kv_layout *layout) {
+  *layout = PA_KV_ROWS;
+  if (!obj || obj == Py_None) return 0;
+  if (!PyUnicode_Check(obj)) {
+    PyErr_Format(PyExc_TypeError, "layout must be 'rows' or 'tiled', not %.100s",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  if (PyUnicode_CompareWithASCIIString(obj, "rows") == 0) return 0;
+  if (PyUnicode_CompareWithASCIIString(obj, "tiled") == 0) {
+    *layout = PA_KV_TILED;
+    return 0;
+  }
+  pyx_invalid("layout = %R is not 'rows' or 'tiled'", obj);
+  return -1;
+}
+
+const char *pyx_layout_name(pa_kv_layout layout) {
+  return layout == PA_KV_TILED ? "tiled" : "rows";
+}
+
 static int same_layout(const pyx_tensor *a, const pyx_tensor *b) {
   if (a->elem != b->elem || a->ndim != b->ndim) return 0;
   for (int d = 0; d < a->ndim; d++) {
@@ -128,16 +149,18 @@ static int scales_arg(PyObject *k_scale, PyObject *v_scale, pa_kv_cache *c) {
   return 0;
 }
 
-/* KVCache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale) */
+/* KVCache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale, layout="rows") */
 static PyObject *cache_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-  static char *keywords[] = {"key_cache", "value_cache", "kv_cache_dtype",
-                             "k_scale",   "v_scale",     NULL};
-  PyObject *key, *value, *k_scale, *v_scale;
+  static char *keywords[] = {"key_cache", "value_cache", "kv_cache_dtype", "k_scale", "v_scale",
+                             "layout",    NULL};
+  PyObject *key, *value, *k_scale, *v_scale, *layout = NULL;
   int requested;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiOO:KVCache", keywords, &key, &value,
-                                   &requested, &k_scale, &v_scale)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiOO|O:KVCache", keywords, &key, &value,
+                                   &requested, &k_scale, &v_scale, &layout)) {
     return NULL;
   }
+  pa_kv_cache c = {0};
+  if (pyx_layout_arg(layout, &c.layout) < 0) return NULL;
   pyx_tensor k, v;
   if (pyx_tensor_get(key, "key_cache", 1, &k) < 0) return NULL;
   if (pyx_tensor_get(value, "value_cache", 1, &v) < 0) {
@@ -145,7 +168,6 @@ static PyObject *cache_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     return NULL;
   }
   PyObject *result = NULL;
-  pa_kv_cache c = {0};
   if (!same_layout(&k, &v)) {
     char shape_k[160], shape_v[160];
     pyx_invalid(
@@ -164,19 +186,20 @@ static PyObject *cache_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwar
   return result;
 }
 
-/* KVCache.combined(kv_cache, num_kv_heads, head_size, kv_cache_dtype, k_scale, v_scale):
- * the backend's [2, num_blocks, block_size * num_kv_heads * head_size]. */
+/* KVCache.combined(kv_cache, num_kv_heads, head_size, kv_cache_dtype, k_scale, v_scale,
+ * layout="rows"): the backend's [2, num_blocks, block_size * num_kv_heads * head_size]. */
 static PyObject *cache_combined(PyObject *cls, PyObject *args) {
-  PyObject *kv, *k_scale, *v_scale;
+  PyObject *kv, *k_scale, *v_scale, *layout = NULL;
   int kv_heads, head_size, requested;
-  if (!PyArg_ParseTuple(args, "OiiiOO:combined", &kv, &kv_heads, &head_size, &requested, &k_scale,
-                        &v_scale)) {
+  if (!PyArg_ParseTuple(args, "OiiiOO|O:combined", &kv, &kv_heads, &head_size, &requested, &k_scale,
+                        &v_scale, &layout)) {
     return NULL;
   }
+  pa_kv_cache c = {0};
+  if (pyx_layout_arg(layout, &c.layout) < 0) return NULL;
   pyx_tensor t;
   if (pyx_tensor_get(kv, "kv_cache", 1, &t) < 0) return NULL;
   PyObject *result = NULL;
-  pa_kv_cache c = {0};
   char shape[160];
   int64_t per_token = (int64_t)kv_heads * head_size;
   if (t.ndim != 3 || t.shape[0] != 2) {
@@ -212,19 +235,21 @@ static PyObject *cache_combined(PyObject *cls, PyObject *args) {
   return result;
 }
 
-/* KVCache.pages(kv_cache, head_size, kv_cache_dtype, k_scale, v_scale): vLLM's CPU page,
- * [num_blocks, num_kv_heads, block_size, 2 * head_size] with each (block, head)'s
- * [block_size, 2 * head_size] dense and read as its K tile then its V tile. */
+/* KVCache.pages(kv_cache, head_size, kv_cache_dtype, k_scale, v_scale, layout="rows"):
+ * vLLM's CPU page, [num_blocks, num_kv_heads, block_size, 2 * head_size] with each (block,
+ * head)'s [block_size, 2 * head_size] dense and read as its K tile then its V tile. */
 static PyObject *cache_pages(PyObject *cls, PyObject *args) {
-  PyObject *kv, *k_scale, *v_scale;
+  PyObject *kv, *k_scale, *v_scale, *layout = NULL;
   int head_size, requested;
-  if (!PyArg_ParseTuple(args, "OiiOO:pages", &kv, &head_size, &requested, &k_scale, &v_scale)) {
+  if (!PyArg_ParseTuple(args, "OiiOO|O:pages", &kv, &head_size, &requested, &k_scale, &v_scale,
+                        &layout)) {
     return NULL;
   }
+  pa_kv_cache c = {0};
+  if (pyx_layout_arg(layout, &c.layout) < 0) return NULL;
   pyx_tensor t;
   if (pyx_tensor_get(kv, "kv_cache", 1, &t) < 0) return NULL;
   PyObject *result = NULL;
-  pa_kv_cache c = {0};
   char shape[160];
   if (t.ndim != 4 || head_size < 1 || t.shape[3] != 2 * (int64_t)head_size) {
     pyx_invalid(
@@ -278,7 +303,8 @@ static PyObject *cache_get(PyObject *self, void *closure) {
     case 5: return PyLong_FromLongLong(c->block_stride);
     case 6: return PyLong_FromLongLong(c->head_stride);
     case 7: return PyFloat_FromDouble(c->k_scale);
-    default: return PyFloat_FromDouble(c->v_scale);
+    case 8: return PyFloat_FromDouble(c->v_scale);
+    default: return PyUnicode_FromString(pyx_layout_name(c->layout));
   }
 }
 
@@ -292,15 +318,18 @@ static PyGetSetDef cache_getset[] = {
     {"head_stride", cache_get, NULL, "Elements from one KV head to the next; 0: dense.", (void *)6},
     {"k_scale", cache_get, NULL, NULL, (void *)7},
     {"v_scale", cache_get, NULL, NULL, (void *)8},
+    {"layout", cache_get, NULL,
+     "The order inside each tile: 'rows' (PA_KV_ROWS) or 'tiled' (PA_KV_TILED).", (void *)9},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyMethodDef cache_methods[] = {
     {"combined", cache_combined, METH_VARARGS | METH_CLASS,
-     "combined(kv_cache, num_kv_heads, head_size, kv_cache_dtype, k_scale, v_scale)\n\n"
+     "combined(kv_cache, num_kv_heads, head_size, kv_cache_dtype, k_scale, v_scale, "
+     "layout='rows')\n\n"
      "The backend's cache tensor [2, num_blocks, block_size * num_kv_heads * head_size]."},
     {"pages", cache_pages, METH_VARARGS | METH_CLASS,
-     "pages(kv_cache, head_size, kv_cache_dtype, k_scale, v_scale)\n\n"
+     "pages(kv_cache, head_size, kv_cache_dtype, k_scale, v_scale, layout='rows')\n\n"
      "vLLM's CPU cache of a layer, [num_blocks, num_kv_heads, block_size, 2 * head_size]:\n"
      "each (block, head) page holds its K tile, then its V tile."},
     {NULL, NULL, 0, NULL},
@@ -311,10 +340,12 @@ PyTypeObject pyx_cache_type = {
     .tp_basicsize = sizeof(pyx_cache),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc =
-        "KVCache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale)\n\n"
+        "KVCache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale, layout='rows')\n\n"
         "A pa_kv_cache over two [num_blocks, num_kv_heads, block_size, head_size] views\n"
         "(dense tiles, free block and head strides); kv_cache_dtype -1 takes the\n"
-        "tensors' dtype, a pa_dtype FP8 value names the format of float8/uint8 bytes.",
+        "tensors' dtype, a pa_dtype FP8 value names the format of float8/uint8 bytes.\n"
+        "layout: the order inside each tile, 'rows' (PA_KV_ROWS) or 'tiled' (PA_KV_TILED;\n"
+        "the library checks at each call that the geometry allows it).",
     .tp_new = cache_tp_new,
     .tp_dealloc = cache_dealloc,
     .tp_getset = cache_getset,

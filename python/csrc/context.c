@@ -196,6 +196,48 @@ static int context_set_library_seconds(PyObject *self, PyObject *value, void *cl
   return 0;
 }
 
+/* A pa_dtype from the library's name for it ("f32", "bf16", "fp8_e4m3", ...). */
+static int dtype_name_arg(const char *text, const char *name, pa_dtype *dtype) {
+  static const pa_dtype all[] = {PA_F32, PA_F16, PA_BF16, PA_FP8_E4M3, PA_FP8_E5M2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    if (strcmp(text, pa_dtype_name(all[i])) == 0) {
+      *dtype = all[i];
+      return 0;
+    }
+  }
+  pyx_invalid("%s = '%s' is not one of 'f32', 'f16', 'bf16', 'fp8_e4m3', 'fp8_e5m2'", name, text);
+  return -1;
+}
+
+/* Context.kv_layout_preferred(act_dtype, cache_dtype, block_size, head_size) */
+static PyObject *context_kv_layout_preferred(PyObject *self, PyObject *args) {
+  pyx_context *c = (pyx_context *)self;
+  const char *act_name, *cache_name;
+  int block_size, head_size;
+  if (!PyArg_ParseTuple(args, "ssii:kv_layout_preferred", &act_name, &cache_name, &block_size,
+                        &head_size)) {
+    return NULL;
+  }
+  pa_dtype act, cache;
+  if (!context_ready(c) || dtype_name_arg(act_name, "act_dtype", &act) < 0 ||
+      dtype_name_arg(cache_name, "cache_dtype", &cache) < 0) {
+    return NULL;
+  }
+  /* The kernel table it reads is fixed at the context's creation: no lock needed. */
+  pa_kv_layout layout = pa_kv_layout_preferred(c->ctx, act, cache, block_size, head_size);
+  return PyUnicode_FromString(pyx_layout_name(layout));
+}
+
+static PyMethodDef context_methods[] = {
+    {"kv_layout_preferred", context_kv_layout_preferred, METH_VARARGS,
+     "kv_layout_preferred(act_dtype, cache_dtype, block_size, head_size) -> 'rows' | 'tiled'\n\n"
+     "pa_kv_layout_preferred: the cache layout whose reads are fastest on this context's\n"
+     "kernel path for activations of act_dtype over a cache of cache_dtype (the library's\n"
+     "names: 'f32', 'f16', 'bf16', 'fp8_e4m3', 'fp8_e5m2') with this geometry; 'rows' for\n"
+     "a geometry no tiled cache can have."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyObject *context_repr(PyObject *self) {
   pyx_context *c = (pyx_context *)self;
   if (!c->ctx) return PyUnicode_FromString("<pagedattn.Context (not initialised)>");
@@ -236,6 +278,7 @@ PyTypeObject pyx_context_type = {
     .tp_dealloc = context_dealloc,
     .tp_repr = context_repr,
     .tp_getset = context_getset,
+    .tp_methods = context_methods,
 };
 
 pyx_context *pyx_context_arg(PyObject *obj) {

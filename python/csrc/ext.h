@@ -142,6 +142,11 @@ typedef struct pyx_cache {
 
 extern PyTypeObject pyx_cache_type;
 pyx_cache *pyx_cache_arg(PyObject *obj);
+/* A cache layout from its name, "rows" (PA_KV_ROWS) or "tiled" (PA_KV_TILED); NULL and
+ * None mean "rows". TypeError for another type, pagedattn.Error for another name. Whether
+ * the cache can have that layout is the library's check, at the call. */
+int pyx_layout_arg(PyObject *obj, pa_kv_layout *layout);
+const char *pyx_layout_name(pa_kv_layout layout);
 /* The new tokens' key and value rows for `cache`: at least `tokens` rows of
  * num_kv_heads * head_size elements, both of one activation dtype. */
 int pyx_kv_rows(const pyx_tensor *key, const pyx_tensor *value, const pa_kv_cache *cache,

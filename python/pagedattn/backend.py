@@ -61,7 +61,9 @@ class PagedAttentionBackend:
         cache_dtype_str: str = "auto",
     ) -> tuple[int, int, int]:
         """``(2, num_blocks, block_size * num_kv_heads * head_size)``: index 0 keys, 1 values;
-        each block ``[num_kv_heads, block_size, head_size]``."""
+        each block ``num_kv_heads`` tiles of ``block_size * head_size`` elements, in the
+        impl's layout (``PagedAttentionImpl.cache_layout``: ``"rows"``, the tile
+        ``[block_size, head_size]``, or ``"tiled"``); the shape is the same for both."""
         functions.kv_cache_dtype_code(cache_dtype_str)
         return _ext.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
 
@@ -86,12 +88,15 @@ class PagedAttentionBackend:
     @staticmethod
     def swap_blocks(src_kv_cache: Any, dst_kv_cache: Any, src_to_dst: Any) -> None:
         """Copies blocks ``src_to_dst`` (int64 ``[n, 2]`` or a dict) from one cache to another
-        of the same geometry, keys and values."""
+        of the same geometry, keys and values. Whole blocks are copied as stored, so this
+        serves caches of either layout as long as both caches' readers use the same one
+        (:func:`pagedattn.swap_blocks` with ``layout=`` / ``dst_layout=`` checks that)."""
         functions.swap_blocks(src_kv_cache, dst_kv_cache, src_to_dst)
 
     @staticmethod
     def copy_blocks(kv_caches: Any, src_to_dists: Any) -> None:
-        """Copies blocks within every layer's cache (copy-on-write)."""
+        """Copies blocks within every layer's cache (copy-on-write); whole blocks are copied as
+        stored, so this serves caches of either layout."""
         functions.copy_blocks(kv_caches, src_to_dists)
 
     @staticmethod

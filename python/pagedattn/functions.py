@@ -5,6 +5,17 @@ Tensors are CPU ``torch.Tensor``s or numpy arrays, read and written in place: an
 library cannot use as it is (another device, a wrong dtype, a non-unit stride in its last
 dimension) raises :class:`pagedattn.Error`; nothing is ever copied. See ``PYTHON.md`` for the
 contract.
+
+Cache layouts: a cache's ``[block_size, head_size]`` tiles hold their elements in one of two
+orders, named by ``layout=``. ``"rows"`` (the default, ``PA_KV_ROWS``): token t's element e at
+``t * head_size + e``, so a ``[num_blocks, num_kv_heads, block_size, head_size]`` view indexes
+tokens and elements. ``"tiled"`` (``PA_KV_TILED``): the order AMX tiles load without packing,
+keys in 16-token groups of element pairs, values in 16-element groups of token pairs
+(``include/pagedattn.h`` gives the formula); it needs block_size and head_size multiples of 16.
+The tensors' shapes and strides are the same for both; the view's indices then no longer name
+tokens and elements. The bytes of a cache mean something only in the layout they were written
+in: every call that writes or reads one cache must pass the same ``layout``.
+:func:`kv_layout_preferred` says which layout this machine's kernels read fastest.
 """
 
 from __future__ import annotations
@@ -21,10 +32,12 @@ from . import _ext
 from ._ext import Context, Error
 
 __all__ = [
+    "LAYOUTS",
     "Context",
     "Error",
     "copy_blocks",
     "default_context",
+    "kv_layout_preferred",
     "merge_states",
     "paged_attention",
     "swap_blocks",
@@ -38,6 +51,23 @@ Tensor = Any  # a torch.Tensor or a numpy.ndarray
 _FP8_E4M3, _FP8_E5M2 = 3, 4
 KV_CACHE_DTYPES = {"auto": -1, "fp8": _FP8_E4M3, "fp8_e4m3": _FP8_E4M3, "fp8_e5m2": _FP8_E5M2}
 ATTN_TYPES = {"decoder": 0, "encoder": 1, "encoder_only": 2, "encoder_decoder": 3}
+LAYOUTS = ("rows", "tiled")
+"""The cache layouts, as ``layout=`` names them: ``PA_KV_ROWS`` and ``PA_KV_TILED``."""
+
+# The library's dtype names, by the names torch, numpy and kv_cache_dtype give them.
+_DTYPE_NAMES = {
+    "float32": "f32",
+    "f32": "f32",
+    "float16": "f16",
+    "f16": "f16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+    "float8_e5m2": "fp8_e5m2",
+}
 
 
 def invalid(message: str) -> Error:
@@ -56,6 +86,68 @@ def kv_cache_dtype_code(kv_cache_dtype: str) -> int:
             f"kv_cache_dtype = {kv_cache_dtype!r} is not one of "
             f"{', '.join(map(repr, KV_CACHE_DTYPES))}"
         ) from None
+
+
+def dtype_name(dtype: Any, name: str) -> str:
+    """The library's name (``"f32"``, ``"f16"``, ``"bf16"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``) of
+    a torch dtype, a numpy dtype or a name (``"bfloat16"``, ``"bf16"``, ``"fp8"``, ...)."""
+    if isinstance(dtype, str):
+        key = dtype.removeprefix("torch.")
+    elif type(dtype).__module__ == "torch":  # a torch.dtype: "torch.bfloat16"
+        key = str(dtype).removeprefix("torch.")
+    else:
+        try:
+            key = np.dtype(dtype).name
+        except TypeError:
+            key = str(dtype)
+    found = _DTYPE_NAMES.get(key)
+    if found is None:
+        hint = ""
+        if key == "uint8":
+            hint = " (a uint8 cache holds FP8 bytes: name the format, 'fp8_e4m3' or 'fp8_e5m2')"
+        raise invalid(
+            f"{name} = {dtype!r} is not float32, float16, bfloat16, fp8_e4m3 or fp8_e5m2{hint}"
+        )
+    return found
+
+
+def kv_layout_preferred(
+    act_dtype: Any,
+    cache_dtype: Any,
+    block_size: int,
+    head_size: int,
+    *,
+    ctx: Context | None = None,
+) -> str:
+    """The cache layout (``"rows"`` or ``"tiled"``) whose reads are fastest on the context's
+    kernel path (``pa_kv_layout_preferred``) for activations of ``act_dtype`` over a cache of
+    ``cache_dtype`` with this block size and head size: ``"tiled"`` where the kernels read the
+    tiles in place (the ``amx`` path, bf16 activations over a bf16 cache), ``"rows"``
+    elsewhere and for a geometry a tiled cache cannot have. Dtypes: torch or numpy dtypes or
+    names (``"bfloat16"``, ``"bf16"``, ``"fp8_e4m3"``, ...); an FP8 cache is named by its
+    format (``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``), not ``uint8``.
+
+    Both layouts give the same results on every path; this only picks the faster one.
+    """
+    ctx = ctx or default_context()
+    return ctx.kv_layout_preferred(
+        dtype_name(act_dtype, "act_dtype"),
+        dtype_name(cache_dtype, "cache_dtype"),
+        operator.index(block_size),
+        operator.index(head_size),
+    )
+
+
+def cache_dtype_name(tensor_dtype: Any, kv_cache_dtype: str) -> str | None:
+    """The library's name of what a cache tensor of ``tensor_dtype`` holds under
+    ``kv_cache_dtype`` (None where that is not a cache dtype: the call that uses the cache
+    says why)."""
+    if kv_cache_dtype != "auto":
+        return _DTYPE_NAMES.get(kv_cache_dtype)
+    try:
+        return dtype_name(tensor_dtype, "cache_dtype")
+    except Error:
+        return None
 
 
 def attn_type_code(attn_type: str) -> int:
@@ -180,15 +272,18 @@ def kv_cache(
     kv_cache_dtype: str = "auto",
     k_scale: Any = 1.0,
     v_scale: Any = 1.0,
+    layout: str = "rows",
 ) -> _ext.KVCache:
     """The extension's KVCache over two ``[num_blocks, num_kv_heads, block_size, head_size]``
-    views (``value_cache`` given), for attention and writes."""
+    views (``value_cache`` given), for attention and writes; ``layout``: the order inside each
+    tile, ``"rows"`` or ``"tiled"`` (the library checks the geometry at the call)."""
     return _ext.KVCache(
         key_cache,
         value_cache,
         kv_cache_dtype_code(kv_cache_dtype),
         _scale(k_scale, "k_scale"),
         _scale(v_scale, "v_scale"),
+        layout,
     )
 
 
@@ -203,15 +298,18 @@ def write_kv(
     k_scale: Any = 1.0,
     v_scale: Any = 1.0,
     ctx: Context | None = None,
+    layout: str = "rows",
 ) -> None:
     """Writes new tokens' keys and values into the cache.
 
     key, value: ``[num_tokens, num_kv_heads, head_size]`` (rows may be strided) of an
     activation dtype; key_cache, value_cache: ``[num_blocks, num_kv_heads, block_size,
     head_size]``, any cache dtype; slot_mapping: int64 ``[num_tokens]``, ``block * block_size +
-    offset``, negative for padding. FP8 caches store ``x / k_scale`` (``v_scale``).
+    offset``, negative for padding. FP8 caches store ``x / k_scale`` (``v_scale``). layout:
+    the order inside each tile, ``"rows"`` or ``"tiled"`` (block_size and head_size multiples
+    of 16); read the cache back in the same layout.
     """
-    cache = kv_cache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale)
+    cache = kv_cache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale, layout)
     _ext.write_kv(ctx or default_context(), cache, key, value, slot_mapping)
 
 
@@ -235,15 +333,18 @@ def paged_attention(
     out: Tensor | None = None,
     return_lse: bool = False,
     ctx: Context | None = None,
+    layout: str = "rows",
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention of a batch of sequences over the paged cache: prefill, chunked prefill and
     decode mixed (``"decoder"``, causal), or cross-attention (``"encoder_decoder"``).
 
-    query: ``[num_tokens, num_heads, head_size]``; sequence s owns rows
-    ``query_start_loc[s]:query_start_loc[s + 1]`` (int32 ``[num_seqs + 1]``) and has
-    ``seq_lens[s]`` keys in the cache (int32, its new ones included), in the blocks of
-    ``block_tables[s]`` (int32 ``[num_seqs, max_blocks]``). Returns ``out`` (shaped as query,
-    written in place when given) and, with ``return_lse``, the float32 ``[num_tokens,
+    query: ``[num_tokens, num_heads, head_size]`` (f32, f16 or bf16); key_cache, value_cache:
+    ``[num_blocks, num_kv_heads, block_size, head_size]`` (any cache dtype), whose tiles hold
+    their elements in ``layout`` (``"rows"`` or ``"tiled"``, the layout they were written in);
+    sequence s owns rows ``query_start_loc[s]:query_start_loc[s + 1]`` (int32 ``[num_seqs +
+    1]``) and has ``seq_lens[s]`` keys in the cache (int32, its new ones included), in the
+    blocks of ``block_tables[s]`` (int32 ``[num_seqs, max_blocks]``). Returns ``out`` (shaped as
+    query, written in place when given) and, with ``return_lse``, the float32 ``[num_tokens,
     num_heads]`` natural-log softmax denominators.
     """
     _, num_heads, head_size = _shape(query, "query", 3, "[num_tokens, num_heads, head_size]")
@@ -254,7 +355,7 @@ def paged_attention(
         num_heads, kv_heads, head_size, scale, attn_type, alibi_slopes, sliding_window,
         logits_soft_cap, sinks,
     )  # fmt: skip
-    cache = kv_cache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale)
+    cache = kv_cache(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale, layout)
     batch = _ext.Batch(query_start_loc, seq_lens, block_tables)
     fresh = out is None
     if fresh:
@@ -337,19 +438,22 @@ def merge_states(
     return out, lse
 
 
-def block_cache(cache: Any, name: str) -> _ext.KVCache:
+def block_cache(cache: Any, name: str, layout: str = "rows") -> _ext.KVCache:
     """A cache for whole-block copies: the backend's ``[2, num_blocks, block_elements]`` tensor,
-    or a ``(key_cache, value_cache)`` pair of 4-D views."""
+    or a ``(key_cache, value_cache)`` pair of 4-D views, in ``layout``."""
     if isinstance(cache, (tuple, list)):
         if len(cache) != 2:
             raise invalid(f"{name} has {len(cache)} tensors; a pair is (key_cache, value_cache)")
         code = -1 if str(cache[0].dtype) not in ("uint8", "torch.uint8") else _FP8_E4M3
-        return _ext.KVCache(cache[0], cache[1], code, 1.0, 1.0)
+        return _ext.KVCache(cache[0], cache[1], code, 1.0, 1.0, layout)
     shape = _shape(cache, name, 3, "[2, num_blocks, block_elements] or a (key, value) pair")
     code = -1 if str(cache.dtype) not in ("uint8", "torch.uint8") else _FP8_E4M3
     del shape
-    # Whole blocks move as they are: seen as one head of one-element tokens.
-    return _ext.KVCache.combined(cache, 1, 1, code, 1.0, 1.0)
+    # Whole blocks move as they are, whatever the order inside them: a block is seen as one
+    # tile of one head, of one-element tokens (rows), or of 16-element tokens (tiled: a
+    # geometry that layout can have, so that the library compares the layouts of a swap).
+    token = 16 if layout == "tiled" else 1
+    return _ext.KVCache.combined(cache, 1, token, code, 1.0, 1.0, layout)
 
 
 def block_pairs(block_mapping: Any) -> Tensor:
@@ -367,23 +471,37 @@ def block_pairs(block_mapping: Any) -> Tensor:
 
 
 def copy_blocks(
-    kv_caches: Sequence[Any], block_mapping: Any, *, ctx: Context | None = None
+    kv_caches: Sequence[Any],
+    block_mapping: Any,
+    *,
+    ctx: Context | None = None,
+    layout: str = "rows",
 ) -> None:
     """Copies blocks within each layer's cache (copy-on-write), keys and values.
 
     kv_caches: per-layer caches, each the backend's ``[2, num_blocks, block_size * num_kv_heads
-    * head_size]`` tensor or a ``(key_cache, value_cache)`` pair; block_mapping: see
-    :func:`block_pairs`.
+    * head_size]`` tensor or a ``(key_cache, value_cache)`` pair of ``[num_blocks,
+    num_kv_heads, block_size, head_size]`` views; block_mapping: see :func:`block_pairs`.
+    Whole tiles are copied as stored, so a block keeps its meaning in either layout; layout
+    (``"rows"`` or ``"tiled"``) is the caches', checked by the library against their geometry.
     """
-    caches = [block_cache(c, f"kv_caches[{i}]") for i, c in enumerate(kv_caches)]
+    caches = [block_cache(c, f"kv_caches[{i}]", layout) for i, c in enumerate(kv_caches)]
     _ext.copy_blocks(ctx or default_context(), caches, block_pairs(block_mapping))
 
 
 def swap_blocks(
-    src_kv_cache: Any, dst_kv_cache: Any, block_mapping: Any, *, ctx: Context | None = None
+    src_kv_cache: Any,
+    dst_kv_cache: Any,
+    block_mapping: Any,
+    *,
+    ctx: Context | None = None,
+    layout: str = "rows",
+    dst_layout: str | None = None,
 ) -> None:
     """Copies blocks from one cache to another of the same geometry and dtype (e.g. between a
-    working pool and a swap pool); caches and mapping as in :func:`copy_blocks`."""
-    src = block_cache(src_kv_cache, "src_kv_cache")
-    dst = block_cache(dst_kv_cache, "dst_kv_cache")
+    working pool and a swap pool); caches and mapping as in :func:`copy_blocks`. layout: the
+    source's layout, dst_layout the destination's (None: the same). Blocks are copied as
+    stored, so the library refuses caches of different layouts."""
+    src = block_cache(src_kv_cache, "src_kv_cache", layout)
+    dst = block_cache(dst_kv_cache, "dst_kv_cache", layout if dst_layout is None else dst_layout)
     _ext.swap_blocks(ctx or default_context(), src, dst, block_pairs(block_mapping))

@@ -8,11 +8,14 @@ from typing import Any
 from . import _ext
 from .backend import AttentionType
 from .functions import (
+    LAYOUTS,
     Context,
     attn_type_code,
+    cache_dtype_name,
     default_context,
     invalid,
     kv_cache_dtype_code,
+    kv_layout_preferred,
 )
 from .metadata import PagedAttentionMetadata, step_key
 
@@ -36,6 +39,16 @@ class PagedAttentionImpl:
     :class:`AttentionType`; kv_sharing_target_layer_name: the layer whose cache this one reads
     (it then writes none); ctx: the context to run on (None: the process's default).
     A configuration the library cannot serve raises here, not at the first forward.
+
+    kv_cache_layout: the order of the elements inside the cache's tiles, ``"rows"``,
+    ``"tiled"`` (block_size and head_size multiples of 16) or ``"auto"``:
+    :func:`pagedattn.kv_layout_preferred` for the first step's activation dtype, the cache's
+    dtype, block size and head size, the layout this machine's kernels read fastest. The
+    choice is made at the first forward over a non-empty cache and kept for the impl's life
+    (``cache_layout`` says it; None before). Only this impl's forward gives the cache's bytes
+    a meaning: a cache written in one layout must be read in the same, so layers that share a
+    cache (``kv_sharing_target_layer_name``) need the same kv_cache_layout ("auto" resolves
+    alike for alike caches), and anything else that reads the tensor must untile it.
     """
 
     def __init__(
@@ -52,7 +65,10 @@ class PagedAttentionImpl:
         kv_sharing_target_layer_name: str | None = None,
         sinks: Any = None,
         ctx: Context | None = None,
+        kv_cache_layout: str = "auto",
     ) -> None:
+        if kv_cache_layout != "auto" and kv_cache_layout not in LAYOUTS:
+            raise invalid(f"kv_cache_layout = {kv_cache_layout!r} is not 'auto', 'rows' or 'tiled'")
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale) if scale is not None else head_size**-0.5
@@ -81,6 +97,9 @@ class PagedAttentionImpl:
         self._step_key = step_key(self._ctx, self._geometry, self._cross)
         self._writes = kv_sharing_target_layer_name is None
         self._fp8 = self._cache_code != -1
+        self.kv_cache_layout = kv_cache_layout
+        # The layout in use: kv_cache_layout, or what "auto" chose at the first cache.
+        self.cache_layout: str | None = None if kv_cache_layout == "auto" else kv_cache_layout
         # The last cache seen: (kv_cache, its data pointer, scale keys, KVCache or None if empty).
         self._cache_entry: tuple | None = None
 
@@ -89,17 +108,37 @@ class PagedAttentionImpl:
             return (1.0, 1.0)
         return (_scale_key(layer._k_scale), _scale_key(layer._v_scale))
 
-    def _library_cache(self, kv_cache: Tensor, layer: Any) -> _ext.KVCache | None:
+    def _choose_layout(self, query: Tensor, kv_cache: Tensor) -> str:
+        """What "auto" means for this cache: the layout the kernels read fastest for the
+        activations' dtype, the cache's dtype and geometry ("rows" where the cache cannot be
+        described: making its view then says why)."""
+        per_block = self.num_kv_heads * self.head_size
+        cache_dtype = cache_dtype_name(kv_cache.dtype, self.kv_cache_dtype)
+        if kv_cache.dim() != 3 or kv_cache.shape[2] % per_block or cache_dtype is None:
+            return "rows"
+        return kv_layout_preferred(
+            query.dtype, cache_dtype, kv_cache.shape[2] // per_block, self.head_size, ctx=self._ctx
+        )
+
+    def _library_cache(self, kv_cache: Tensor, layer: Any, query: Tensor) -> _ext.KVCache | None:
         """The library's view of the backend cache ``[2, num_blocks, block_size * num_kv_heads *
         head_size]`` (None for an empty one: a profiling run), remembered with what it was
-        made from: the tensor, its data pointer and (FP8) the layer's scales."""
+        made from: the tensor, its data pointer and (FP8) the layer's scales. The first one
+        fixes the layout for the impl's life."""
         scales = (1.0, 1.0)
         if self._fp8 and layer is not None:
             scales = (float(layer._k_scale), float(layer._v_scale))
         cache = None
         if kv_cache.numel() > 0:
+            if self.cache_layout is None:
+                self.cache_layout = self._choose_layout(query, kv_cache)
             cache = _ext.KVCache.combined(
-                kv_cache, self.num_kv_heads, self.head_size, self._cache_code, *scales
+                kv_cache,
+                self.num_kv_heads,
+                self.head_size,
+                self._cache_code,
+                *scales,
+                self.cache_layout,
             )
         keys = self._scale_keys(layer) if self._fp8 else None
         self._cache_entry = (kv_cache, kv_cache.data_ptr(), keys, cache)
@@ -119,11 +158,13 @@ class PagedAttentionImpl:
 
         query: ``[num_tokens, num_heads * head_size]`` (or ``[num_tokens, num_heads,
         head_size]``), rows may be strided (a view into fused QKV); key, value: ``[num_tokens,
-        num_kv_heads * head_size]`` or None (nothing to write); kv_cache: ``[2, num_blocks,
-        block_size * num_kv_heads * head_size]`` or empty (profiling); layer: None or an object
-        with ``_k_scale`` / ``_v_scale``. Writes key/value into the cache (decoder: through
-        ``slot_mapping``; cross-attention: ``cross_slot_mapping``), then attends. Returns
-        ``output`` (written in place when given) as ``[num_tokens, num_heads * head_size]``.
+        num_kv_heads * head_size]`` or None (nothing to write), of the query's dtype; kv_cache:
+        ``[2, num_blocks, block_size * num_kv_heads * head_size]`` (the activation dtype, float32,
+        float16, bfloat16, or FP8 bytes per kv_cache_dtype; its tiles in ``cache_layout``) or
+        empty (profiling); layer: None or an object with ``_k_scale`` / ``_v_scale``. Writes
+        key/value into the cache (decoder: through ``slot_mapping``; cross-attention:
+        ``cross_slot_mapping``), then attends. Returns ``output`` (written in place when given)
+        as ``[num_tokens, num_heads * head_size]``.
         """
         if attn_metadata is None:
             return query  # the engine's warm-up
@@ -144,7 +185,7 @@ class PagedAttentionImpl:
             ):
                 cache = entry[3]
             else:
-                cache = self._library_cache(kv_cache, layer)
+                cache = self._library_cache(kv_cache, layer, query)
             if cache is None:
                 self._without_cache(query, key, value, attn_metadata, output)
             else:

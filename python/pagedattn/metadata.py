@@ -29,7 +29,8 @@ class PagedAttentionMetadata:
     Derived, read-only: ``num_seqs``, ``num_prefills`` (sequences with more than one new token),
     ``num_prefill_tokens``, ``num_decode_tokens`` (sequences with one), ``max_query_len``,
     ``max_seq_len``. Build a new object for a new step: the library's view of these tensors is
-    made once.
+    made once. Slots and block tables name tokens and blocks, whatever the cache's layout
+    (``"rows"`` or ``"tiled"``): one metadata object and its plan serve layers of either.
     """
 
     query_start_loc: Tensor  # int32 [num_seqs + 1]

@@ -13,8 +13,44 @@ from oracle import FP8, encode
 ACTIVATIONS = [torch.float32, torch.float16, torch.bfloat16]
 CACHE_KINDS = ["auto", "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 PLAIN = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-LAYOUTS = ["dense", "vllm", "padded"]
+LAYOUTS = ["dense", "vllm", "padded"]  # where the tiles lie (strides)
 NAN_BYTE = 0x7F  # a NaN in both FP8 formats
+GROUP = 16  # PA_KV_TILED's group: tokens of a key group, elements of a value group
+
+
+def _positions(side: int, block_size: int, head_size: int) -> torch.Tensor:
+    """[block_size * head_size]: the tiled position of row-order element t * head_size + e."""
+    t = torch.arange(block_size).repeat_interleave(head_size)
+    e = torch.arange(head_size).repeat(block_size)
+    if side == 0:
+        pos = (t // GROUP) * GROUP * head_size + (e // 2) * 32 + (t % GROUP) * 2 + e % 2
+    else:
+        pos = (e // GROUP) * GROUP * block_size + (t // 2) * 32 + (e % GROUP) * 2 + t % 2
+    assert sorted(pos.tolist()) == list(range(block_size * head_size))  # a permutation
+    return pos
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def tile(rows: torch.Tensor, side: int) -> torch.Tensor:
+    """The tiled order of row-order tiles ``[..., block_size, head_size]`` (a new tensor of the
+    same shape and dtype, bit for bit)."""
+    *lead, bs, d = rows.shape
+    pos = _positions(side, bs, d)
+    src = _bits(rows.contiguous()).reshape(*lead, bs * d)
+    out = torch.empty_like(src)
+    out[..., pos] = src
+    return out.view(rows.dtype).reshape(rows.shape)
+
+
+def untile(tiled: torch.Tensor, side: int) -> torch.Tensor:
+    """The row order of tiled tiles ``[..., block_size, head_size]`` (the inverse of tile)."""
+    *lead, bs, d = tiled.shape
+    pos = _positions(side, bs, d)
+    src = _bits(tiled.contiguous()).reshape(*lead, bs * d)
+    return src[..., pos].contiguous().view(tiled.dtype).reshape(tiled.shape)
 
 
 @dataclass
@@ -178,9 +214,15 @@ def activations(
     return full.view(rows, heads, d)
 
 
-def expected_cache_after_write(cache: Cache, key: torch.Tensor, value: torch.Tensor, slots):
-    """Copies of the key and value views with the rows of non-negative slots encoded in."""
-    want_k, want_v = cache.key.clone(), cache.value.clone()
+def expected_cache_after_write(
+    cache: Cache, key: torch.Tensor, value: torch.Tensor, slots, kv_layout: str = "rows"
+):
+    """Copies of the key and value views with the rows of non-negative slots encoded in, in
+    row order (a tiled cache's tiles are read through untile)."""
+    if kv_layout == "tiled":
+        want_k, want_v = untile(cache.key, 0), untile(cache.value, 1)
+    else:
+        want_k, want_v = cache.key.clone(), cache.value.clone()
     bs = cache.block_size
     for t, slot in enumerate(slots):
         if slot < 0:

@@ -1,7 +1,9 @@
 """The backend classes as an engine drives them: several steps of a batch that mixes prompts,
 chunked prefill and decodes, two layers sharing the step's metadata and plan, FP8 caches with
 the layer's scales, cross-attention whose decode steps pass key=None, encoders, profiling runs
-with an empty cache and the warm-up call."""
+with an empty cache and the warm-up call; each over the cache layout the impl picks ("auto")
+and over tiled caches (kv_cache_layout="tiled"), whose bytes are read back through
+helpers.untile; block copies and swaps of tiled caches."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import cases
-from helpers import activations, same_bytes
+from helpers import activations, same_bytes, tile, untile
 from oracle import FP8, assert_close, attend, cache_f64, encode, gather, to_f64
 
 import pagedattn
@@ -84,11 +86,11 @@ def test_metadata_builder():
     assert cross.encoder_seq_lens.tolist() == [6]
 
 
-def make_layer(heads, kv_heads, d, kv_cache_dtype, **features):
+def make_layer(heads, kv_heads, d, kv_cache_dtype, kv_cache_layout="auto", **features):
     """A decoder impl and the oracle's view of its features."""
     impl = PagedAttentionImpl(
         heads, d, 1 / math.sqrt(d), num_kv_heads=kv_heads, kv_cache_dtype=kv_cache_dtype,
-        attn_type=AttentionType.DECODER, **features,
+        attn_type=AttentionType.DECODER, kv_cache_layout=kv_cache_layout, **features,
     )  # fmt: skip
     oracle = {
         "window": features.get("sliding_window") or 0,
@@ -107,11 +109,20 @@ def split_qkv(qkv, heads, kv_heads, d):
     )
 
 
+def row_view(kv_cache, kv_heads, block_size, d, layout):
+    """The backend cache as [2, num_blocks, kv_heads, block_size, d] in row order (a copy,
+    untiled, for a tiled cache)."""
+    view = kv_cache.view(2, kv_cache.shape[1], kv_heads, block_size, d)
+    if layout == "tiled":
+        return torch.stack([untile(view[0], 0), untile(view[1], 1)])
+    return view
+
+
 def check_cache_holds(
-    kv_cache, history, tables, block_size, kv_heads, d, storage, fp8, scales, label
+    kv_cache, history, tables, block_size, kv_heads, d, storage, fp8, scales, label, layout
 ):
     """Every token written so far is in its slot, encoded as the cache stores it."""
-    view = kv_cache.view(2, kv_cache.shape[1], kv_heads, block_size, d)
+    view = row_view(kv_cache, kv_heads, block_size, d, layout)
     for s, (keys, values) in enumerate(history):
         for t in range(keys.shape[0]):
             b, o = tables[s][t // block_size], t % block_size
@@ -122,16 +133,20 @@ def check_cache_holds(
                 )
 
 
+@pytest.mark.parametrize("kv_cache_layout", ["auto", "tiled"])
 @pytest.mark.parametrize("kind", ["auto", "fp8", "fp8_e5m2", "f32-cache"])
-def test_forward_engine_steps(seed, kind):
+def test_forward_engine_steps(seed, kind, kv_cache_layout):
     """An engine's steps: prompts (one chunked over two steps), then decodes; two layers (one
-    with a sliding window and sinks) share each step's metadata and plan."""
+    with a sliding window and sinks) share each step's metadata and plan. "auto": the layout
+    kv_layout_preferred gives (bf16 over a bf16 cache on the amx path may be tiled); "tiled":
+    block sizes 16, 32, 128 and head sizes 64, 80, 128."""
     rng = random.Random(seed)
-    for case in range(cases(6)):
+    tiled = kv_cache_layout == "tiled"
+    for case in range(cases(6 if not tiled else 4)):
         act = rng.choice([torch.float32, torch.bfloat16, torch.float16])
         heads, kv_heads = rng.choice([(4, 2), (7, 1), (2, 2), (8, 1)])
-        d = rng.choice([32, 64, 80, 128, 20])
-        block_size = rng.choice([1, 16, 17, 5])
+        d = rng.choice([64, 80, 128] if tiled else [32, 64, 80, 128, 20])
+        block_size = rng.choice([16, 32, 128] if tiled else [1, 16, 17, 5])
         kv_cache_dtype = "auto" if kind in ("auto", "f32-cache") else kind
         fp8 = FP8.get(kv_cache_dtype)
         storage = torch.uint8 if fp8 else (torch.float32 if kind == "f32-cache" else act)
@@ -148,8 +163,8 @@ def test_forward_engine_steps(seed, kind):
         )
         caches = [torch.zeros(shape, dtype=storage) for _ in range(2)]
         layers = [
-            make_layer(heads, kv_heads, d, kv_cache_dtype),
-            make_layer(heads, kv_heads, d, kv_cache_dtype,
+            make_layer(heads, kv_heads, d, kv_cache_dtype, kv_cache_layout),
+            make_layer(heads, kv_heads, d, kv_cache_dtype, kv_cache_layout,
                        sliding_window=rng.randint(1, 12),
                        sinks=[rng.uniform(-1, 1) for _ in range(heads)],
                        logits_soft_cap=rng.choice([None, 3.0]),
@@ -187,6 +202,11 @@ def test_forward_engine_steps(seed, kind):
                     else None
                 )
                 result = impl.forward(layer_obj, query, key, value, kv_cache, md, output=output)
+                cache_dtype = kv_cache_dtype if fp8 else storage
+                chosen = pagedattn.kv_layout_preferred(act, cache_dtype, block_size, d)
+                layout = kv_cache_layout if tiled else chosen
+                assert impl.cache_layout == layout, (label, impl.cache_layout)
+                label += f" layout={layout}"
                 if output is not None:
                     assert result is output
                 assert result.shape == (tokens, heads * d) and result.dtype == act
@@ -209,8 +229,9 @@ def test_forward_engine_steps(seed, kind):
                     fp8,
                     scales,
                     label,
+                    layout,
                 )
-                view = kv_cache.view(2, num_blocks, kv_heads, block_size, d)
+                view = row_view(kv_cache, kv_heads, block_size, d, layout)
                 kc = cache_f64(view[0], kv_cache_dtype if fp8 else "auto", scales[0])
                 vc = cache_f64(view[1], kv_cache_dtype if fp8 else "auto", scales[1])
                 q64 = to_f64(query).reshape(tokens, heads, d)
@@ -227,8 +248,9 @@ def test_forward_engine_steps(seed, kind):
             done = seq_lens
 
 
+@pytest.mark.parametrize("kv_cache_layout", ["rows", "tiled"])
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
-def test_forward_cross_attention(seed, kv_cache_dtype):
+def test_forward_cross_attention(seed, kv_cache_dtype, kv_cache_layout):
     """Encoder-decoder cross-attention: the prefill step writes the encoder's K/V through
     cross_slot_mapping; decode steps pass key=None and read them from the cache."""
     rng = random.Random(seed)
@@ -249,6 +271,7 @@ def test_forward_cross_attention(seed, kv_cache_dtype):
         num_kv_heads=kv_heads,
         kv_cache_dtype=kv_cache_dtype,
         attn_type=AttentionType.ENCODER_DECODER,
+        kv_cache_layout=kv_cache_layout,
     )
     layer = ScaledLayer(*scales)
     builder = PagedAttentionMetadataBuilder(block_size)
@@ -271,7 +294,7 @@ def test_forward_cross_attention(seed, kv_cache_dtype):
         key = enc_k.reshape(sum(enc_lens), -1) if step == 0 else None
         value = enc_v.reshape(sum(enc_lens), -1) if step == 0 else None
         out = impl.forward(layer, query, key, value, kv_cache, md)
-        view = kv_cache.view(2, num_blocks, kv_heads, block_size, d)
+        view = row_view(kv_cache, kv_heads, block_size, d, kv_cache_layout)
         kc = cache_f64(view[0], kv_cache_dtype, scales[0])
         vc = cache_f64(view[1], kv_cache_dtype, scales[1])
         q64 = to_f64(query).reshape(-1, heads, d)
@@ -356,3 +379,52 @@ def test_backend_copy_and_swap():
     dst = torch.zeros(shape)
     PagedAttentionBackend.swap_blocks(caches[0], dst, {1: 2})
     assert torch.equal(dst[:, 2], caches[0][:, 1]) and dst[:, [0, 1, 3]].abs().sum() == 0
+
+
+@pytest.mark.parametrize("kv_cache_layout", ["auto", "tiled"])
+def test_kv_sharing_layers_agree_on_the_layout(kv_cache_layout):
+    """A layer reading another layer's cache picks the same layout and reads what it wrote."""
+    md = PagedAttentionMetadataBuilder(16).build([20], [20], [[2, 0]])
+    kv_cache = torch.zeros(PagedAttentionBackend.get_kv_cache_shape(3, 16, 2, 64)).bfloat16()
+    owner = PagedAttentionImpl(4, 64, 0.125, num_kv_heads=2, kv_cache_layout=kv_cache_layout)
+    reader = PagedAttentionImpl(
+        4, 64, 0.125, num_kv_heads=2, kv_sharing_target_layer_name="layers.0",
+        kv_cache_layout=kv_cache_layout,
+    )  # fmt: skip
+    q = torch.randn(20, 256).bfloat16()
+    k, v = torch.randn(20, 128).bfloat16(), torch.randn(20, 128).bfloat16()
+    want = owner.forward(None, q, k, v, kv_cache, md)
+    before = kv_cache.clone()
+    got = reader.forward(None, q, None, None, kv_cache, md)
+    assert reader.cache_layout == owner.cache_layout
+    assert torch.equal(kv_cache, before) and torch.equal(got, want)
+
+
+def test_backend_copy_and_swap_tiled(seed):
+    """PagedAttentionBackend's block copy and swap move whole tiles: after them, an impl that
+    writes and reads tiled caches sees each destination block as its source."""
+    rng = random.Random(seed)
+    heads, kv_heads, d, bs, nb = 7, 1, 80, 32, 6
+    impl = PagedAttentionImpl(heads, d, d**-0.5, num_kv_heads=kv_heads, kv_cache_layout="tiled")
+    shape = PagedAttentionBackend.get_kv_cache_shape(nb, bs, kv_heads, d)
+    kv_cache = torch.zeros(shape, dtype=torch.bfloat16)
+    builder = PagedAttentionMetadataBuilder(bs)
+    n = 2 * bs
+    qkv = activations(rng, n, heads + 2 * kv_heads, d, torch.bfloat16).reshape(n, -1)
+    query, key, value = split_qkv(qkv, heads, kv_heads, d)
+    first = impl.forward(None, query, key, value, kv_cache, builder.build([n], [n], [[4, 1]]))
+    view = kv_cache.view(2, nb, kv_heads, bs, d)
+    # The cache is tiled: its bytes are the rows' written keys in tiled order.
+    want_k = key.reshape(n, kv_heads, d)[:bs].transpose(0, 1)
+    assert same_bytes(view[0, 4], tile(want_k, 0))
+
+    def reread(cache, table):
+        md = builder.build([n], [n], [table], slot_mapping=[-1] * n)
+        return impl.forward(None, query, None, None, cache, md)
+
+    PagedAttentionBackend.copy_blocks([kv_cache], {4: [0, 5], 1: 2})
+    assert torch.equal(reread(kv_cache, [0, 2]), first)
+    assert torch.equal(reread(kv_cache, [5, 1]), first)
+    pool = torch.zeros((2, nb + 3, shape[2]), dtype=torch.bfloat16)
+    PagedAttentionBackend.swap_blocks(kv_cache, pool, torch.tensor([[4, 8], [1, 0]]))
+    assert torch.equal(reread(pool, [8, 0]), first)

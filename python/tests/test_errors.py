@@ -486,3 +486,174 @@ def test_context_reports_its_kernels(monkeypatch):
 def test_context_threads_argument():
     with pytest.raises(pagedattn.Error, match=r"threads = 'gpu' is not 'own' or 'openmp'"):
         pagedattn.Context(threads="gpu")
+
+
+def tiled_world(block_size: int, head_size: int) -> dict:
+    """Caches of a given geometry and a decode over them, for the layout errors."""
+    g = torch.Generator().manual_seed(11)
+    return {
+        "key_cache": torch.randn((NB, KVH, block_size, head_size), generator=g),
+        "value_cache": torch.randn((NB, KVH, block_size, head_size), generator=g),
+        "query": torch.randn((1, H, head_size), generator=g),
+        "out": torch.full((1, H, head_size), 7.0),
+        "qsl": torch.tensor([0, 1], dtype=torch.int32),
+        "lens": torch.tensor([6], dtype=torch.int32),
+        "table": torch.tensor([[3, 1]], dtype=torch.int32),
+        "key": torch.randn((2, KVH, head_size), generator=g),
+        "value": torch.randn((2, KVH, head_size), generator=g),
+        "slots": torch.tensor([13, 4], dtype=torch.int64),
+    }
+
+
+TILED_NEEDS = r"layout = PA_KV_TILED needs block_size and head_size multiples of 16; they are"
+
+# (id, geometry, call, exception, status, message pattern)
+LAYOUT_CATALOGUE = [
+    (
+        "layout unknown (attention)",
+        (16, 64),
+        lambda w: attend(w, layout="bogus"),
+        pagedattn.Error,
+        "invalid_argument",
+        r"^layout = 'bogus' is not 'rows' or 'tiled'$",
+    ),
+    (
+        "layout unknown (write)",
+        (16, 64),
+        lambda w: write(w, layout="bogus"),
+        pagedattn.Error,
+        "invalid_argument",
+        r"^layout = 'bogus' is not 'rows' or 'tiled'$",
+    ),
+    (
+        "layout of the wrong type",
+        (16, 64),
+        lambda w: write(w, layout=1),
+        TypeError,
+        None,
+        r"layout must be 'rows' or 'tiled', not int",
+    ),
+    (
+        "tiled write, block size 8",
+        (8, 64),
+        lambda w: write(w, layout="tiled"),
+        pagedattn.Error,
+        "unsupported",
+        rf"^pa_write_kv: cache->{TILED_NEEDS} 8 and 64$",
+    ),
+    (
+        "tiled attention, block size 8",
+        (8, 64),
+        lambda w: attend(w, layout="tiled"),
+        pagedattn.Error,
+        "unsupported",
+        rf"^pa_paged_attention: cache->{TILED_NEEDS} 8 and 64$",
+    ),
+    (
+        "tiled write, head size 40",
+        (16, 40),
+        lambda w: write(w, layout="tiled"),
+        pagedattn.Error,
+        "unsupported",
+        rf"^pa_write_kv: cache->{TILED_NEEDS} 16 and 40$",
+    ),
+    (
+        "tiled attention, head size 40",
+        (16, 40),
+        lambda w: attend(w, layout="tiled"),
+        pagedattn.Error,
+        "unsupported",
+        rf"^pa_paged_attention: cache->{TILED_NEEDS} 16 and 40$",
+    ),
+    (
+        "tiled copy, block size 8",
+        (8, 64),
+        lambda w: pagedattn.copy_blocks(
+            [(w["key_cache"], w["value_cache"])], [(0, 1)], layout="tiled"
+        ),
+        pagedattn.Error,
+        "unsupported",
+        rf"^pa_copy_blocks: caches\[0\]->{TILED_NEEDS} 8 and 64$",
+    ),
+    (
+        "swap between layouts",
+        (16, 64),
+        lambda w: pagedattn.swap_blocks(
+            (w["key_cache"], w["value_cache"]),
+            (w["key_cache"], w["value_cache"]),
+            {0: 1},
+            layout="tiled",
+            dst_layout="rows",
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"^pa_swap_blocks: dst->layout = 0 differs from src->layout = 1; blocks are copied as "
+        r"stored$",
+    ),
+    (
+        "swap between layouts (combined caches)",
+        (16, 64),
+        lambda w: pagedattn.swap_blocks(
+            w["key_cache"].view(2, NB // 2, -1),
+            w["value_cache"].view(2, NB // 2, -1),
+            {0: 1},
+            dst_layout="tiled",
+        ),
+        pagedattn.Error,
+        "invalid_argument",
+        r"^pa_swap_blocks: dst->layout = 1 differs from src->layout = 0",
+    ),
+    (
+        "kv_layout_preferred of float64",
+        (16, 64),
+        lambda w: pagedattn.kv_layout_preferred(torch.float64, torch.bfloat16, 16, 64),
+        pagedattn.Error,
+        "invalid_argument",
+        r"act_dtype = torch.float64 is not float32, float16, bfloat16, fp8_e4m3 or fp8_e5m2",
+    ),
+    (
+        "kv_layout_preferred of a uint8 cache",
+        (16, 64),
+        lambda w: pagedattn.kv_layout_preferred(torch.bfloat16, torch.uint8, 16, 64),
+        pagedattn.Error,
+        "invalid_argument",
+        r"cache_dtype = torch.uint8 .* name the format, 'fp8_e4m3' or 'fp8_e5m2'",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LAYOUT_CATALOGUE, ids=[c[0] for c in LAYOUT_CATALOGUE])
+def test_layout_catalogue(case):
+    """Layout errors: a name the extension cannot map, and what the library refuses (its
+    message and status): tiled caches off multiples of 16, a swap between layouts. Nothing is
+    written."""
+    _, (block_size, head_size), call, exception, status, pattern = case
+    w = tiled_world(block_size, head_size)
+    w["before"] = {k: v.clone() for k, v in w.items() if k in ("key_cache", "value_cache", "out")}
+    with pytest.raises(exception, match=pattern) as info:
+        call(w)
+    if status is not None:
+        assert info.value.status == status
+        assert isinstance(info.value, ValueError)
+    unchanged(w)
+
+
+def test_impl_layout_errors():
+    """kv_cache_layout: a bad name raises at construction; a tiled cache the geometry does not
+    allow raises the library's error at the first forward, having written nothing."""
+    with pytest.raises(
+        pagedattn.Error, match=r"kv_cache_layout = 'columns' is not 'auto', 'rows' or 'tiled'"
+    ):
+        PagedAttentionImpl(H, 64, 0.1, num_kv_heads=KVH, kv_cache_layout="columns")
+    d = 40
+    impl = PagedAttentionImpl(H, d, 0.1, num_kv_heads=KVH, kv_cache_layout="tiled")
+    assert impl.cache_layout == "tiled"
+    kv_cache = torch.randn(PagedAttentionBackend.get_kv_cache_shape(NB, 16, KVH, d))
+    before = kv_cache.clone()
+    md = PagedAttentionMetadataBuilder(16).build([2], [6], [[3]])
+    output = torch.full((2, H * d), 3.0)
+    q, k, v = torch.randn(2, H * d), torch.randn(2, KVH * d), torch.randn(2, KVH * d)
+    with pytest.raises(pagedattn.Error, match=rf"^pa_paged_attention: cache->{TILED_NEEDS}") as e:
+        impl.forward(None, q, k, v, kv_cache, md, output=output)
+    assert e.value.status == "unsupported"
+    assert torch.equal(kv_cache, before) and torch.equal(output, torch.full((2, H * d), 3.0))

@@ -1,7 +1,10 @@
 """The functions against the float64 oracle, over random shapes: every activation and cache
 dtype, strided caches (vLLM's interleaved pages, padded ones), fused-QKV views, out= given,
 block sizes 1, 16, 17, 128 and odd, head sizes 32..256 and awkward ones, GQA 7:1, MQA, ALiBi,
-sliding windows, soft-caps, sinks, decodes, chunks, whole prompts and empty batches."""
+sliding windows, soft-caps, sinks, decodes, chunks, whole prompts and empty batches; the same
+over tiled caches (layout="tiled": block sizes 16, 32, 128, head sizes 16..256), whose bytes
+after a write are checked against helpers.tile (include/pagedattn.h's formula written out) and
+spot-checked at hand-computed positions; copies and swaps of tiled blocks."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from helpers import (
     random_lengths,
     same_bytes,
     slots,
+    tile,
+    untile,
 )
 from oracle import assert_close, assert_lse, attend, cache_f64, gather, to_f64
 
@@ -32,6 +37,9 @@ import pagedattn
 HEAD_SIZES = [32, 64, 80, 128, 256, 1, 7, 20, 96]
 BLOCK_SIZES = [1, 16, 17, 128, 3, 5]
 GROUPS = [(1, 1), (2, 1), (4, 2), (7, 1), (8, 2), (3, 3)]  # (query heads, KV heads)
+# A tiled cache needs multiples of 16: 64, 80 and 128 twice as often as the others.
+TILED_HEAD_SIZES = [64, 80, 128, 64, 80, 128, 16, 32, 96, 256]
+TILED_BLOCK_SIZES = [16, 32, 128]
 
 
 def random_features(rng: random.Random, heads: int, d: int):
@@ -57,11 +65,14 @@ def oracle_features(f):
     }
 
 
-def run_paged_case(rng: random.Random, label: str, attn_type: str = "decoder") -> None:
+def run_paged_case(
+    rng: random.Random, label: str, attn_type: str = "decoder", kv_layout: str = "rows"
+) -> None:
+    tiled = kv_layout == "tiled"
     act = rng.choice(ACTIVATIONS)
     heads, kv_heads = rng.choice(GROUPS)
-    d = rng.choice(HEAD_SIZES)
-    block_size = rng.choice(BLOCK_SIZES)
+    d = rng.choice(TILED_HEAD_SIZES if tiled else HEAD_SIZES)
+    block_size = rng.choice(TILED_BLOCK_SIZES if tiled else BLOCK_SIZES)
     kind = rng.choice(CACHE_KINDS)
     storage, kv_cache_dtype, fp8 = cache_storage(kind, act, rng)
     layout = rng.choice(LAYOUTS)
@@ -83,7 +94,7 @@ def run_paged_case(rng: random.Random, label: str, attn_type: str = "decoder") -
         v_scale,
     )
     label += (
-        f" act={act} cache={kind}/{storage}/{kv_cache_dtype} layout={layout} H={heads}"
+        f" act={act} cache={kind}/{storage}/{kv_cache_dtype} layout={layout}/{kv_layout} H={heads}"
         f" KVH={kv_heads} d={d} bs={block_size} q={query_lens} k={seq_lens}"
     )
 
@@ -106,7 +117,10 @@ def run_paged_case(rng: random.Random, label: str, attn_type: str = "decoder") -
     padded_values = torch.stack(value_rows) if value_rows else values
     slot_mapping = torch.tensor(slot_list, dtype=torch.int64)
     with_padding = slot_list
-    want_k, want_v = expected_cache_after_write(cache, padded_keys, padded_values, with_padding)
+    # want_k / want_v: the cache's tiles in row order, whatever the layout.
+    want_k, want_v = expected_cache_after_write(
+        cache, padded_keys, padded_values, with_padding, kv_layout
+    )
     base_before = cache.base.clone()
     pagedattn.write_kv(
         padded_keys,
@@ -117,9 +131,14 @@ def run_paged_case(rng: random.Random, label: str, attn_type: str = "decoder") -
         kv_cache_dtype=kv_cache_dtype,
         k_scale=k_scale,
         v_scale=v_scale,
+        layout=kv_layout,
     )
-    assert same_bytes(cache.key, want_k), f"{label}: key cache after write_kv"
-    assert same_bytes(cache.value, want_v), f"{label}: value cache after write_kv"
+    if tiled:
+        assert same_bytes(cache.key, tile(want_k, 0)), f"{label}: tiled key cache after write_kv"
+        assert same_bytes(cache.value, tile(want_v, 1)), f"{label}: tiled value cache after write"
+    else:
+        assert same_bytes(cache.key, want_k), f"{label}: key cache after write_kv"
+        assert same_bytes(cache.value, want_v), f"{label}: value cache after write_kv"
     if layout == "padded":  # the padding between tiles is never written
         mask = torch.ones(cache.base.shape, dtype=torch.bool)
         mask[: batch.num_blocks, :kv_heads, :, :block_size] = False
@@ -139,15 +158,17 @@ def run_paged_case(rng: random.Random, label: str, attn_type: str = "decoder") -
     result, lse = pagedattn.paged_attention(
         query, cache.key, cache.value, batch.query_start_loc, batch.seq_lens_t,
         batch.block_tables_t, attn_type=attn_type, kv_cache_dtype=kv_cache_dtype,
-        k_scale=k_scale, v_scale=v_scale, out=out, return_lse=True, **features,
+        k_scale=k_scale, v_scale=v_scale, out=out, return_lse=True, layout=kv_layout,
+        **features,
     )  # fmt: skip
     if give_out:
         assert result is out
         assert torch.isnan(buffer[:, heads * d :]).all(), f"{label}: wrote past the rows"
     assert result.shape == query.shape and result.dtype == act
 
-    key_f64 = cache_f64(cache.key, kv_cache_dtype, k_scale)
-    value_f64 = cache_f64(cache.value, kv_cache_dtype, v_scale)
+    # The oracle reads the keys and values the write was seen to store, in row order.
+    key_f64 = cache_f64(want_k, kv_cache_dtype, k_scale)
+    value_f64 = cache_f64(want_v, kv_cache_dtype, v_scale)
     scale = features["scale"] or 1 / math.sqrt(d)
     q64 = to_f64(query)
     for s in range(num_seqs):
@@ -168,6 +189,46 @@ def test_paged_attention_random(seed, attn_type):
     rng = random.Random(seed)
     for i in range(cases(40 if attn_type == "decoder" else 15)):
         run_paged_case(rng, f"case {i} (seed {seed})", attn_type)
+
+
+@pytest.mark.parametrize("attn_type", ["decoder", "encoder_decoder"])
+def test_paged_attention_tiled_random(seed, attn_type):
+    """write_kv and paged_attention over tiled caches: every activation and cache dtype, block
+    sizes 16, 32, 128, head sizes 64, 80, 128 (and 16..256), GQA 7:1, vLLM's pages and padded
+    tiles, mixed prefills, chunks and decodes; the bytes written against helpers.tile."""
+    rng = random.Random(seed)
+    for i in range(cases(40 if attn_type == "decoder" else 12)):
+        run_paged_case(rng, f"tiled case {i} (seed {seed})", attn_type, "tiled")
+
+
+def test_tiled_write_at_hand_computed_positions():
+    """Token 17's element 5 of a 32 x 64 tile: the key group of tokens 16..31 starts at 16 * 64,
+    element pair 2 at 2 * 32 in it, token 1 of the group at 1 * 2, element 1 of the pair at 1:
+    1024 + 64 + 2 + 1 = 1091. Its value: element group 0 (elements 0..15) at 0, token pair 8 at
+    8 * 32, element 5 at 5 * 2, token 1 of the pair at 1: 256 + 10 + 1 = 267. And element 37 of
+    token 2: keys 0 + 18 * 32 + 2 * 2 + 1 = 581, values 2 * 16 * 32 + 1 * 32 + 5 * 2 + 0 = 1066.
+    """
+    bs, d = 32, 64
+    key_cache = torch.zeros((3, 1, bs, d))
+    value_cache = torch.zeros((3, 1, bs, d))
+    key = torch.zeros((2, 1, d))
+    value = torch.zeros((2, 1, d))
+    key[0, 0, 5], value[0, 0, 5] = 1.5, -2.5  # token 17 of block 2 (slot 2 * 32 + 17)
+    key[1, 0, 37], value[1, 0, 37] = 3.0, 4.0  # token 2 of block 1 (slot 32 + 2)
+    pagedattn.write_kv(key, value, key_cache, value_cache, torch.tensor([81, 34]), layout="tiled")
+    flat_k, flat_v = key_cache.reshape(3, -1), value_cache.reshape(3, -1)
+    assert flat_k[2, 1091] == 1.5 and flat_v[2, 267] == -2.5
+    assert flat_k[1, 581] == 3.0 and flat_v[1, 1066] == 4.0
+    assert int((key_cache != 0).sum()) == 2 and int((value_cache != 0).sum()) == 2
+    # Read back in rows, the same bytes are other tokens: the layouts are not interchangeable.
+    query = torch.ones((1, 1, d))
+    qsl, lens = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([18], dtype=torch.int32)
+    args = (key_cache, value_cache, qsl, lens, torch.tensor([[2]], dtype=torch.int32))
+    tiled_out = pagedattn.paged_attention(query, *args, layout="tiled")
+    assert tiled_out[0, 0, 5] < 0  # token 17's value, seen through its key
+    rows_out = pagedattn.paged_attention(query, *args)
+    assert not torch.equal(tiled_out, rows_out)
+    assert untile(key_cache[2:3], 0)[0, 0, 17, 5] == 1.5
 
 
 def test_varlen_attention_random(seed):
@@ -412,3 +473,70 @@ def test_one_block_interleaved_cache():
     k, v = gather(to_f64(key_cache), to_f64(value_cache), [0], 3, 4)
     want, _ = attend(to_f64(query), k, v, scale=8**-0.5)
     assert_close(out, want, float(np.abs(v).max()), torch.float32, "one block")
+
+
+def test_copy_and_swap_blocks_tiled(seed):
+    """Copies and swaps of tiled caches move whole tiles: the bytes are the sequential copies',
+    and attention over a destination block, read tiled, is attention over its source block."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    for i in range(cases(8)):
+        act = rng.choice(ACTIVATIONS)
+        storage, kv_cache_dtype = rng.choice(
+            [(act, "auto"), (torch.float32, "auto"), (torch.uint8, "fp8_e4m3")]
+        )
+        nb, kvh, bs, d = rng.randint(3, 6), rng.choice([1, 2]), rng.choice([16, 32]), 64
+        heads = kvh * rng.choice([1, 7])
+        label = f"tiled copy case {i} (seed {seed}) act={act} cache={storage} KVH={kvh} bs={bs}"
+        combined = torch.zeros((2, nb, bs * kvh * d), dtype=storage)
+        key_cache, value_cache = (combined[s].view(nb, kvh, bs, d) for s in (0, 1))
+        n = nb * bs
+        keys = activations(rng, n, kvh, d, act)
+        values = activations(rng, n, kvh, d, act)
+        opts = {"kv_cache_dtype": kv_cache_dtype, "k_scale": 0.05, "v_scale": 0.04}
+        pagedattn.write_kv(
+            keys, values, key_cache, value_cache, torch.arange(n), layout="tiled", **opts
+        )
+        query = (torch.rand((1, heads, d), generator=g) * 2 - 1).to(act)
+
+        def attend_block(k_cache, v_cache, block, query=query, opts=opts, bs=bs):
+            return pagedattn.paged_attention(
+                query, k_cache, v_cache, torch.tensor([0, 1], dtype=torch.int32),
+                torch.tensor([bs], dtype=torch.int32), torch.tensor([[block]], dtype=torch.int32),
+                layout="tiled", **opts,
+            )  # fmt: skip
+
+        before = [attend_block(key_cache, value_cache, b) for b in range(nb)]
+        pairs = [(rng.randrange(nb), rng.randrange(nb)) for _ in range(rng.randint(1, 4))]
+        want = combined.clone()
+        source = list(range(nb))  # which original block each block now holds
+        for src, dst in pairs:
+            want[:, dst] = want[:, src].clone()
+            source[dst] = source[src]
+        form = rng.choice(["combined", "pair"])
+        kv = combined if form == "combined" else (key_cache, value_cache)
+        pagedattn.copy_blocks([kv], pairs, layout="tiled")
+        assert same_bytes(combined, want), f"{label}: copy_blocks ({form}) {pairs}"
+        for b in range(nb):
+            got = attend_block(key_cache, value_cache, b)
+            assert same_bytes(got, before[source[b]]), f"{label}: block {b} after copy {pairs}"
+
+        # Swap into vLLM-style pages of a larger pool (pairs of views), and into a larger
+        # combined pool (combined tensors), both tiled.
+        page = torch.zeros((nb + 2, kvh, 2, bs, d), dtype=storage)
+        dst_pair = (page[:, :, 0], page[:, :, 1])
+        pool = torch.zeros((2, nb + 2, bs * kvh * d), dtype=storage)
+        pool_pair = tuple(pool[s].view(nb + 2, kvh, bs, d) for s in (0, 1))
+        swaps = [(rng.randrange(nb), rng.randrange(nb + 2)) for _ in range(rng.randint(1, 4))]
+        pagedattn.swap_blocks((key_cache, value_cache), dst_pair, swaps, layout="tiled")
+        pagedattn.swap_blocks(combined, pool, swaps, layout="tiled", dst_layout="tiled")
+        final = {dst: src for src, dst in swaps}  # the last pair to a destination wins
+        for dst, src in final.items():
+            for side in (0, 1):
+                assert same_bytes(page[dst, :, side], (key_cache, value_cache)[side][src]), (
+                    f"{label}: swap {swaps} side {side}"
+                )
+                assert same_bytes(pool[side, dst], combined[side, src]), f"{label}: {swaps}"
+            for k_cache, v_cache in (dst_pair, pool_pair):
+                got = attend_block(k_cache, v_cache, dst)
+                assert same_bytes(got, before[source[src]]), f"{label}: swapped block {dst}"

@@ -63,6 +63,8 @@ class PagedAttnBackend(AttentionBackend):
     @classmethod
     def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
         # Each (block, head) page, K tile then V tile, must be dense: heads outside tokens.
+        # The order inside a tile (PAGEDATTN_KV_LAYOUT, rows or tiled) is the impl's alone:
+        # vLLM only zeroes, shares and frees whole blocks.
         return (KVCacheLayout.LBHNC, KVCacheLayout.BLHNC)
 
     @classmethod

@@ -1,7 +1,16 @@
-"""The vLLM attention impl: one layer's forward over vLLM's cache pages, through the library."""
+"""The vLLM attention impl: one layer's forward over vLLM's cache pages, through the library.
+
+vLLM allocates each layer's cache tensor ``[num_blocks, num_kv_heads, block_size, 2 *
+head_size]`` and hands it to the impl, which alone writes (in ``forward``) and reads it: vLLM
+itself only zeroes, shares (prefix caching) and frees whole blocks. So the order inside each
+(block, head) tile is the impl's to choose: ``PAGEDATTN_KV_LAYOUT`` = ``auto`` (the default:
+:func:`pagedattn.kv_layout_preferred`, the layout the kernels read fastest for the layer's
+dtypes and geometry), ``rows`` or ``tiled``. A layer keeps the layout its first step chose.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -9,14 +18,24 @@ from vllm.logger import init_logger
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
 from .. import __version__, _ext
-from ..functions import ATTN_TYPES, Context, Error, default_context
+from ..functions import (
+    ATTN_TYPES,
+    LAYOUTS,
+    Context,
+    Error,
+    cache_dtype_name,
+    default_context,
+    kv_layout_preferred,
+)
 from ..metadata import step_key
 from .backend import KV_CACHE_DTYPES, PagedAttnMetadata
 
 # Under "vllm." so that vLLM's handler prints it.
 logger = init_logger("vllm.pagedattn")
-_announced = False
+_announced: set[str | None] = set()  # the layouts the log has named
 _context: Context | None = None
+
+LAYOUT_VARIABLE = "PAGEDATTN_KV_LAYOUT"
 
 # kv_cache_dtype string -> the extension's code (-1: the cache tensor's own dtype).
 _CACHE_CODES = {"fp8": 3, "fp8_e4m3": 3, "fp8_e5m2": 4}
@@ -37,22 +56,44 @@ def worker_context() -> Context:
     return _context
 
 
-def _announce(ctx: Context) -> None:
-    global _announced
-    if not _announced:
-        _announced = True
-        logger.info(
-            "pagedattn: the PAGEDATTN backend %s serves CPU_ATTN (%d threads on %s, kernels %s)",
-            __version__,
-            ctx.num_threads,
-            "the OpenMP team" if ctx.threads == "openmp" else "its own pool",
-            ctx.kernel_path,
+def layout_setting() -> str:
+    """``PAGEDATTN_KV_LAYOUT``: ``"auto"`` (unset or empty), ``"rows"`` or ``"tiled"``; another
+    value is a ValueError naming the variable and the value."""
+    raw = os.environ.get(LAYOUT_VARIABLE, "")
+    value = raw.strip().lower() or "auto"
+    if value != "auto" and value not in LAYOUTS:
+        raise ValueError(
+            f"pagedattn: the environment variable {LAYOUT_VARIABLE} = {raw!r} is not "
+            "'rows', 'tiled' or 'auto'"
         )
+    return value
+
+
+def _announce(ctx: Context, layout: str | None) -> None:
+    """The backend's log line, once per process and per layout in use (None: a layer with no
+    cache, an encoder's)."""
+    if layout in _announced or (layout is None and _announced):
+        return
+    _announced.add(layout)
+    logger.info(
+        "pagedattn: the PAGEDATTN backend %s serves CPU_ATTN (%d threads on %s, kernels %s, %s)",
+        __version__,
+        ctx.num_threads,
+        "the OpenMP team" if ctx.threads == "openmp" else "its own pool",
+        ctx.kernel_path,
+        "no KV cache" if layout is None else f"KV cache layout {layout}",
+    )
 
 
 class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
     """One attention layer. A configuration the library cannot serve raises ValueError here,
-    at construction, naming what it refuses: the layer is never handed to another backend."""
+    at construction, naming what it refuses: the layer is never handed to another backend.
+
+    ``kv_cache_layout`` is ``PAGEDATTN_KV_LAYOUT`` as it was at construction; ``cache_layout``
+    the layout in use, chosen at the first step over the cache ("auto": for that step's
+    activation dtype and the cache's dtype and block size) and kept for the layer's life.
+    Layers that share a cache (``kv_sharing_target_layer_name``) choose alike.
+    """
 
     def __init__(
         self,
@@ -79,6 +120,10 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
             raise ValueError(
                 f"pagedattn: attn_type = {attn_type!r} is not one of {list(ATTN_TYPES)}"
             )
+        self.kv_cache_layout = layout_setting()
+        self.cache_layout: str | None = (
+            None if self.kv_cache_layout == "auto" else self.kv_cache_layout
+        )
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -103,7 +148,6 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         self._paged = attn_type in (AttentionType.DECODER, AttentionType.ENCODER_DECODER)
         self._writes = kv_sharing_target_layer_name is None
         self._cache_entry: tuple | None = None
-        _announce(self.ctx)
 
     def _make_layer(self, attn_type: str) -> Any:
         sinks = None if self._sinks is None else self._sinks.float().tolist()
@@ -126,14 +170,30 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
             self.layer = self._make_layer(self.attn_type)
             self._bidirectional = None
 
-    def _library_cache(self, kv_cache: torch.Tensor, layer: Any) -> Any:
+    def _choose_layout(self, query: torch.Tensor, kv_cache: torch.Tensor) -> str:
+        """What "auto" means for these pages: the layout the kernels read fastest for the
+        activations' dtype, the cache's dtype and block size ("rows" where the pages cannot be
+        described: making their view then says why)."""
+        cache_dtype = cache_dtype_name(kv_cache.dtype, self.kv_cache_dtype)
+        if kv_cache.dim() != 4 or cache_dtype is None:
+            return "rows"
+        return kv_layout_preferred(
+            query.dtype, cache_dtype, kv_cache.shape[2], self.head_size, ctx=self.ctx
+        )
+
+    def _library_cache(self, kv_cache: torch.Tensor, layer: Any, query: torch.Tensor) -> Any:
         """The library's view of the layer's pages, remembered with the tensor, its data
-        pointer and (FP8) the layer's scales."""
+        pointer and (FP8) the layer's scales. The first one fixes the layout."""
         scales = (1.0, 1.0)
         if self._cache_code != -1:
             scales = (float(layer._k_scale_float), float(layer._v_scale_float))
-        cache = _ext.KVCache.pages(kv_cache, self.head_size, self._cache_code, *scales)
+        if self.cache_layout is None:
+            self.cache_layout = self._choose_layout(query, kv_cache)
+        cache = _ext.KVCache.pages(
+            kv_cache, self.head_size, self._cache_code, *scales, self.cache_layout
+        )
         self._cache_entry = (kv_cache, kv_cache.data_ptr(), scales, cache)
+        _announce(self.ctx, self.cache_layout)
         return cache
 
     def _layer_for(self, causal: bool) -> Any:
@@ -156,15 +216,18 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """query [T, num_heads, head_size], key/value [T, num_kv_heads, head_size] or None,
-        kv_cache [num_blocks, num_kv_heads, block_size, 2 * head_size] (empty for encoders),
-        output [T, num_heads, head_size]: writes the new K/V (decoder and cross-attention
-        layers), then attends; rows past the batch's are left as they are."""
+        kv_cache [num_blocks, num_kv_heads, block_size, 2 * head_size] (empty for encoders;
+        each (block, head) page its K tile then its V tile, in ``cache_layout``), output [T,
+        num_heads, head_size]: writes the new K/V (decoder and cross-attention layers), then
+        attends; rows past the batch's are left as they are."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("pagedattn: fused output quantization is not supported")
         if attn_metadata is None:
             return output  # the engine's warm-up
         md = attn_metadata
         if not self._paged:  # encoders: bidirectional over the batch's own rows
+            if not _announced:
+                _announce(self.ctx, None)
             qsl = md.query_start_loc
             _ext.varlen_attention(self.ctx, self.layer, query, key, value, qsl, qsl, output, None)
             return output
@@ -177,7 +240,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         ):
             cache = entry[3]
         else:
-            cache = self._library_cache(kv_cache, layer)
+            cache = self._library_cache(kv_cache, layer, query)
         plan = md.plans.get(self.step_key)
         if plan is None:
             plan = md.plans[self.step_key] = _ext.Plan(self.ctx, self.layer, md.batch)

@@ -1,6 +1,7 @@
 """Real trained models end to end through vLLM with pagedattn serving attention, against
 Hugging Face transformers and against vLLM's own CPU_ATTN: SmolLM2-135M (decoder, GQA, a long
-prompt prefilled in chunks beside decodes) in f32 and bf16, all-MiniLM-L6-v2 embeddings
+prompt prefilled in chunks beside decodes) in f32 and bf16, and in f32 with the KV cache
+layout forced to tiled and to rows (PAGEDATTN_KV_LAYOUT), all-MiniLM-L6-v2 embeddings
 (encoder-only), Gemma-3-270M past its 512-token sliding window (MQA, head size 256).
 
 The models come from PyPI packages, converted once by scripts/fetch_models.py into
@@ -14,8 +15,11 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from engines import assert_greedy_agrees, run_engine
+
+import pagedattn
 
 PAGEDATTN_IMPL = "pagedattn.vllm.impl.PagedAttnImpl"
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "fetch_models.py"
@@ -82,6 +86,16 @@ def transformers_greedy(name: str, max_tokens: int) -> tuple[tuple[int, ...], ..
     return tuple(outs)
 
 
+def worst_logprob_gap(ours: dict, stock: dict) -> float:
+    """The largest |logprob - stock's| of a token ours chose."""
+    worst = 0.0
+    for p, (a, b) in enumerate(zip(ours["logprobs"], stock["logprobs"], strict=True)):
+        for t, (mine, theirs) in enumerate(zip(a, b, strict=True)):
+            chosen = str(ours["tokens"][p][t])
+            worst = max(worst, abs(mine[chosen] - theirs[chosen]))
+    return worst
+
+
 def test_smollm2_f32_matches_transformers_and_stock():
     spec = generate_spec("smollm2-135m-instruct", "float32", 32)
     assert max(len(p) for p in spec["prompts"]) > 600
@@ -91,12 +105,24 @@ def test_smollm2_f32_matches_transformers_and_stock():
     reference = {"tokens": [list(t) for t in transformers_greedy("smollm2-135m-instruct", 32)]}
     assert_greedy_agrees(ours, reference, None, "SmolLM2 f32 vs transformers")
     assert_greedy_agrees(ours, stock, None, "SmolLM2 f32 vs stock CPU_ATTN")
-    worst = 0.0
-    for p, (a, b) in enumerate(zip(ours["logprobs"], stock["logprobs"], strict=True)):
-        for t, (mine, theirs) in enumerate(zip(a, b, strict=True)):
-            chosen = str(ours["tokens"][p][t])
-            worst = max(worst, abs(mine[chosen] - theirs[chosen]))
+    worst = worst_logprob_gap(ours, stock)
     print(f"SmolLM2 f32: largest |logprob - stock's| of a chosen token: {worst:.2e}")
+    assert worst <= 1e-3
+
+
+@pytest.mark.parametrize("layout", ["tiled", "rows"])
+def test_smollm2_f32_kv_layout_matches_stock(layout):
+    """PAGEDATTN_KV_LAYOUT forces the cache layout (head size 64, block size 128: both are
+    possible); either gives stock CPU_ATTN's tokens, with the long prompt chunked beside
+    decodes. The stock run is the f32 test's."""
+    spec = generate_spec("smollm2-135m-instruct", "float32", 32)
+    stock = run_engine(spec, pagedattn=False)
+    ours = run_engine({**spec, "env": {"PAGEDATTN_KV_LAYOUT": layout}})
+    assert ours["impls"] == [PAGEDATTN_IMPL]
+    assert f"KV cache layout {layout})" in ours["log"]
+    assert_greedy_agrees(ours, stock, None, f"SmolLM2 f32, {layout} cache vs stock CPU_ATTN")
+    worst = worst_logprob_gap(ours, stock)
+    print(f"SmolLM2 f32, {layout} cache: largest |logprob - stock's|: {worst:.2e}")
     assert worst <= 1e-3
 
 
@@ -104,6 +130,10 @@ def test_smollm2_bf16_matches_stock_up_to_near_ties():
     spec = generate_spec("smollm2-135m-instruct", "bfloat16", 32)
     ours, stock = run_engine(spec), run_engine(spec, pagedattn=False)
     assert ours["impls"] == [PAGEDATTN_IMPL]
+    # The layout "auto" picks for bf16 over a bf16 cache, head size 64, vLLM's CPU block size
+    # 128: tiled on the amx path (AMX tiles read the cache in place), rows elsewhere.
+    layout = pagedattn.kv_layout_preferred("bfloat16", "bfloat16", 128, 64)
+    assert f"KV cache layout {layout})" in ours["log"]
     # bf16 logits of SmolLM2's magnitude (16 to 32) are 0.125 apart: two such steps between
     # the two best tokens is a tie that either backend's rounding may break.
     for note in assert_greedy_agrees(ours, stock, 0.25, "SmolLM2 bf16 vs stock CPU_ATTN"):

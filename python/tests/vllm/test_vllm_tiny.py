@@ -1,5 +1,5 @@
 """vLLM with pagedattn on tiny random-weight models, against vLLM's own CPU_ATTN on the same
-weights: the plugin's switch and log line, mixed
+weights: the plugin's switch and log line (with the cache layout "auto" picked), mixed
 prefill / chunked prefill / decode steps, block sizes, an FP8 cache, ALiBi, soft-caps and
 sliding windows, and tensor parallelism."""
 
@@ -10,6 +10,8 @@ import random
 import pytest
 from engines import SCRATCH, assert_greedy_agrees, run_engine
 from tiny_models import write_model
+
+import pagedattn
 
 PAGEDATTN_IMPL = "pagedattn.vllm.impl.PagedAttnImpl"
 # 700 tokens with a 256-token step budget: chunked prefill beside the others' decodes.
@@ -38,7 +40,13 @@ def spec(model: str, max_tokens: int = 24, **llm) -> dict:
 def test_plugin_serves_cpu_attn_and_says_so():
     ours = run_engine(spec("llama"))
     assert ours["impls"] == [PAGEDATTN_IMPL]
-    assert "pagedattn: the PAGEDATTN backend 0.2" in ours["log"]
+    # f32 over an f32 cache (head size 32, vLLM's CPU block size 128): "auto" picks what
+    # kv_layout_preferred gives.
+    layout = pagedattn.kv_layout_preferred("float32", "float32", 128, 32)
+    assert (
+        f"pagedattn: the PAGEDATTN backend {pagedattn.__version__} serves CPU_ATTN" in ours["log"]
+    )
+    assert f"KV cache layout {layout})" in ours["log"]
     stock = run_engine(spec("llama"), pagedattn=False)
     assert stock["impls"] == ["vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl"]
     assert "pagedattn:" not in stock["log"]
