@@ -73,7 +73,7 @@ def measure(ctx: pagedattn.Context, num_seqs: int, keys: int, rounds: int) -> No
     q3, out3 = query.view(num_seqs, HEADS, HEAD_SIZE), output.view(num_seqs, HEADS, HEAD_SIZE)
     impl.forward(None, query, key, value, kv_cache, md, output)  # makes the plan and the cache view
     batch, plan = md.library_step(impl._step_key, ctx, impl._layer, False)
-    cache = impl._library_cache(kv_cache, None)
+    cache = impl._library_cache(kv_cache, None, query)
     calls = 2000 if keys * num_seqs <= 4096 else 20
 
     def c_call(n):
@@ -90,6 +90,7 @@ def measure(ctx: pagedattn.Context, num_seqs: int, keys: int, rounds: int) -> No
                 md.block_tables,
                 out=out3,
                 ctx=ctx,
+                layout=impl.cache_layout,  # the bytes forward wrote
             )
 
     def forward(n):
