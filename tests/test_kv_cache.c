@@ -476,6 +476,50 @@ static void test_strided_copy(tu_rng *rng) {
   }
 }
 
+/* Swaps blocks from `dev` to `host` and back (one context of 3 threads
+ * one way, of 1 the other), checking every tile against an image and that
+ * each source keeps every byte; frees both caches. */
+static void swap_round_trip(strided_cache dev, strided_cache host, int big, const char *what,
+                            const hx_layout layouts[2]) {
+  unsigned char *img[2][2];
+  gather_both(&dev.c, img[0]);
+  gather_both(&host.c, img[1]);
+  int64_t out[2 * 6] = {0, 24, 3, 11, 9, 0, 3, 24, 5, 12, 6, 13};
+  int64_t in[2 * 4] = {24, 1, 11, 2, 0, 9, 13, 9};
+  char tag[160];
+  snprintf(tag, sizeof tag, "pa_swap_blocks %s, %s to %s", what, hx_layout_name(layouts[0]),
+           hx_layout_name(layouts[1]));
+  unsigned char *dev_bytes[2] = {NULL, NULL};
+  for (int m = 0; m < 2; m++) {
+    if (!dev.mem.buf[m]) continue;
+    dev_bytes[m] = tu_malloc(dev.mem.bytes[m]);
+    memcpy(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]);
+  }
+  apply_pairs(&dev.c, img[0][0], img[0][1], img[1][0], img[1][1], out, 6);
+  pa_status st = pa_swap_blocks(big ? g_ctx3 : g_ctx1, &dev.c, &host.c, out, 6);
+  TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+  compare_tiles(tag, &host, img[1]);
+  for (int m = 0; m < 2; m++)
+    TU_CHECK(!dev_bytes[m] || memcmp(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]) == 0,
+             "%s: the source's buffer %d changed", tag, m);
+
+  snprintf(tag, sizeof tag, "pa_swap_blocks %s, %s back to %s", what, hx_layout_name(layouts[1]),
+           hx_layout_name(layouts[0]));
+  apply_pairs(&host.c, img[1][0], img[1][1], img[0][0], img[0][1], in, 4);
+  st = pa_swap_blocks(big ? g_ctx1 : g_ctx3, &host.c, &dev.c, in, 4);
+  TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
+  compare_tiles(tag, &dev, img[0]);
+  snprintf(tag, sizeof tag, "pa_swap_blocks %s leaves its source alone", what);
+  compare_tiles(tag, &host, img[1]);
+  for (int m = 0; m < 2; m++) {
+    free(img[m][0]);
+    free(img[m][1]);
+    free(dev_bytes[m]);
+  }
+  hx_cache_free(&dev.mem);
+  hx_cache_free(&host.mem);
+}
+
 /* pa_swap_blocks between caches of the same geometry in different layouts:
  * a strided device cache and a dense host pool, both ways, padded ones,
  * and two strided layouts; the source keeps every byte, the destination
@@ -493,42 +537,9 @@ static void test_strided_swap(tu_rng *rng) {
     int bs = big ? 16 : 7, nkv = 4, d = big ? 128 : 20;
     strided_cache dev = make_strided(rng, pairs_of_layouts[i][0], 10, bs, nkv, d, t);
     strided_cache host = make_strided(rng, pairs_of_layouts[i][1], 25, bs, nkv, d, t);
-    unsigned char *img[2][2];
-    gather_both(&dev.c, img[0]);
-    gather_both(&host.c, img[1]);
-    int64_t out[2 * 6] = {0, 24, 3, 11, 9, 0, 3, 24, 5, 12, 6, 13};
-    int64_t in[2 * 4] = {24, 1, 11, 2, 0, 9, 13, 9};
-    char tag[128];
-    snprintf(tag, sizeof tag, "pa_swap_blocks %s, %s to %s", pa_dtype_name(t),
-             hx_layout_name(pairs_of_layouts[i][0]), hx_layout_name(pairs_of_layouts[i][1]));
-    unsigned char *dev_bytes[2] = {NULL, NULL};
-    for (int m = 0; m < 2; m++) {
-      if (!dev.mem.buf[m]) continue;
-      dev_bytes[m] = tu_malloc(dev.mem.bytes[m]);
-      memcpy(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]);
-    }
-    apply_pairs(&dev.c, img[0][0], img[0][1], img[1][0], img[1][1], out, 6);
-    pa_status st = pa_swap_blocks(big ? g_ctx3 : g_ctx1, &dev.c, &host.c, out, 6);
-    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
-    compare_tiles(tag, &host, img[1]);
-    for (int m = 0; m < 2; m++)
-      TU_CHECK(!dev_bytes[m] || memcmp(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]) == 0,
-               "%s: the source's buffer %d changed", tag, m);
-
-    snprintf(tag, sizeof tag, "pa_swap_blocks %s, %s back to %s", pa_dtype_name(t),
-             hx_layout_name(pairs_of_layouts[i][1]), hx_layout_name(pairs_of_layouts[i][0]));
-    apply_pairs(&host.c, img[1][0], img[1][1], img[0][0], img[0][1], in, 4);
-    st = pa_swap_blocks(big ? g_ctx1 : g_ctx3, &host.c, &dev.c, in, 4);
-    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
-    compare_tiles(tag, &dev, img[0]);
-    compare_tiles("pa_swap_blocks leaves its source alone", &host, img[1]);
-    for (int m = 0; m < 2; m++) {
-      free(img[m][0]);
-      free(img[m][1]);
-      free(dev_bytes[m]);
-    }
-    hx_cache_free(&dev.mem);
-    hx_cache_free(&host.mem);
+    char what[64];
+    snprintf(what, sizeof what, "%s", pa_dtype_name(t));
+    swap_round_trip(dev, host, big, what, pairs_of_layouts[i]);
   }
 }
 
@@ -766,42 +777,9 @@ static void test_tiled_swap(tu_rng *rng) {
     int bs = big ? 32 : 16, nkv = 2, d = big ? 128 : 48;
     strided_cache dev = make_ordered(rng, pairs_of_layouts[i][0], PA_KV_TILED, 10, bs, nkv, d, t);
     strided_cache host = make_ordered(rng, pairs_of_layouts[i][1], PA_KV_TILED, 25, bs, nkv, d, t);
-    unsigned char *img[2][2];
-    gather_both(&dev.c, img[0]);
-    gather_both(&host.c, img[1]);
-    int64_t out[2 * 6] = {0, 24, 3, 11, 9, 0, 3, 24, 5, 12, 6, 13};
-    int64_t in[2 * 4] = {24, 1, 11, 2, 0, 9, 13, 9};
-    char tag[128];
-    snprintf(tag, sizeof tag, "pa_swap_blocks tiled %s, %s to %s", pa_dtype_name(t),
-             hx_layout_name(pairs_of_layouts[i][0]), hx_layout_name(pairs_of_layouts[i][1]));
-    unsigned char *dev_bytes[2] = {NULL, NULL};
-    for (int m = 0; m < 2; m++) {
-      if (!dev.mem.buf[m]) continue;
-      dev_bytes[m] = tu_malloc(dev.mem.bytes[m]);
-      memcpy(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]);
-    }
-    apply_pairs(&dev.c, img[0][0], img[0][1], img[1][0], img[1][1], out, 6);
-    pa_status st = pa_swap_blocks(big ? g_ctx3 : g_ctx1, &dev.c, &host.c, out, 6);
-    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
-    compare_tiles(tag, &host, img[1]);
-    for (int m = 0; m < 2; m++)
-      TU_CHECK(!dev_bytes[m] || memcmp(dev_bytes[m], dev.mem.buf[m], dev.mem.bytes[m]) == 0,
-               "%s: the source's buffer %d changed", tag, m);
-
-    snprintf(tag, sizeof tag, "pa_swap_blocks tiled %s, %s back to %s", pa_dtype_name(t),
-             hx_layout_name(pairs_of_layouts[i][1]), hx_layout_name(pairs_of_layouts[i][0]));
-    apply_pairs(&host.c, img[1][0], img[1][1], img[0][0], img[0][1], in, 4);
-    st = pa_swap_blocks(big ? g_ctx1 : g_ctx3, &host.c, &dev.c, in, 4);
-    TU_CHECK(st == PA_OK, "%s: %s (%s)", tag, pa_status_string(st), pa_last_error());
-    compare_tiles(tag, &dev, img[0]);
-    compare_tiles("pa_swap_blocks leaves its tiled source alone", &host, img[1]);
-    for (int m = 0; m < 2; m++) {
-      free(img[m][0]);
-      free(img[m][1]);
-      free(dev_bytes[m]);
-    }
-    hx_cache_free(&dev.mem);
-    hx_cache_free(&host.mem);
+    char what[64];
+    snprintf(what, sizeof what, "tiled %s", pa_dtype_name(t));
+    swap_round_trip(dev, host, big, what, pairs_of_layouts[i]);
   }
 }
 
