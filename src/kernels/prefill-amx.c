@@ -186,19 +186,23 @@ typedef struct pa_pv_source {
   size_t row_bytes, group_bytes, steps, tail;
 } pa_pv_source;
 
-/* The last step's rows of column group `offset` with the keys past `keep`
- * zeroed, in `tile`. */
+/* Pair row r (keys 2r and 2r + 1, 16 columns) at `at`, with the keys from
+ * `keep` on zeroed: whatever lies there (NaN included) would reach O
+ * through P's zeros. */
+static __m512i pair_row_before(const char *at, size_t r, size_t keep) {
+  if (r < keep / 2) return _mm512_loadu_si512(at);
+  if (r < (keep + 1) / 2) { /* the pair's second key is past keep */
+    return _mm512_and_si512(_mm512_loadu_si512(at), _mm512_set1_epi32(0xffff));
+  }
+  return _mm512_setzero_si512();
+}
+
+/* The last step's rows of column group `offset` with the keys past the
+ * call's zeroed, in `tile`. */
 static const char *clean_tail(const pa_pv_source *v, size_t offset, uint32_t tile[16][16]) {
   const char *src = v->step[v->steps - 1] + offset;
-  for (size_t r = 0; r < PA_TILE_STEP / 2; r++) {
-    __m512i row = _mm512_setzero_si512();
-    if (2 * r + 1 < v->tail) {
-      row = _mm512_loadu_si512(src + r * v->row_bytes);
-    } else if (2 * r < v->tail) { /* the pair's second key is past the call's */
-      row = _mm512_and_si512(_mm512_loadu_si512(src + r * v->row_bytes), _mm512_set1_epi32(0xffff));
-    }
-    _mm512_storeu_si512(tile[r], row);
-  }
+  for (size_t r = 0; r < PA_TILE_STEP / 2; r++)
+    _mm512_storeu_si512(tile[r], pair_row_before(src + r * v->row_bytes, r, v->tail));
   return (const char *)tile;
 }
 
@@ -332,13 +336,7 @@ static void stage_values(uint32_t *dst, const void *const *v_anchors, size_t n, 
     size_t keep = PA_MIN(n - j, (size_t)PA_GROUP_KEYS);
     for (size_t g = 0; g < d / PA_GROUP_KEYS; g++) {
       for (size_t r = 0; r < PA_GROUP_KEYS / 2; r++) {
-        __m512i row = _mm512_setzero_si512();
-        const char *at = src + g * group_bytes + r * 64;
-        if (r < keep / 2) {
-          row = _mm512_loadu_si512(at);
-        } else if (r < (keep + 1) / 2) { /* the pair's second key is past n */
-          row = _mm512_and_si512(_mm512_loadu_si512(at), _mm512_set1_epi32(0xffff));
-        }
+        __m512i row = pair_row_before(src + g * group_bytes + r * 64, r, keep);
         _mm512_storeu_si512(dst + (j / 2 + r) * ldv + g * PA_GROUP_KEYS, row);
       }
     }
