@@ -17,23 +17,28 @@ from pagedattn import PagedAttentionBackend, PagedAttentionImpl, PagedAttentionM
 H, KVH, D, BS, NB = 4, 2, 16, 4, 6
 
 
-@pytest.fixture
-def world():
-    """A cache with a sequence of 6 tokens in blocks 3 and 1, a decode query and an output,
-    all filled with known bytes."""
-    g = torch.Generator().manual_seed(7)
-    w = {
-        "key_cache": torch.randn((NB, KVH, BS, D), generator=g),
-        "value_cache": torch.randn((NB, KVH, BS, D), generator=g),
-        "query": torch.randn((1, H, D), generator=g),
-        "out": torch.full((1, H, D), 7.0),
+def make_world(block_size: int, head_size: int, seed: int) -> dict:
+    """A cache of the given geometry with a sequence of 6 tokens in blocks 3 and 1, a decode
+    query and an output, all filled with known bytes."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "key_cache": torch.randn((NB, KVH, block_size, head_size), generator=g),
+        "value_cache": torch.randn((NB, KVH, block_size, head_size), generator=g),
+        "query": torch.randn((1, H, head_size), generator=g),
+        "out": torch.full((1, H, head_size), 7.0),
         "qsl": torch.tensor([0, 1], dtype=torch.int32),
         "lens": torch.tensor([6], dtype=torch.int32),
         "table": torch.tensor([[3, 1]], dtype=torch.int32),
-        "key": torch.randn((2, KVH, D), generator=g),
-        "value": torch.randn((2, KVH, D), generator=g),
+        "key": torch.randn((2, KVH, head_size), generator=g),
+        "value": torch.randn((2, KVH, head_size), generator=g),
         "slots": torch.tensor([13, 4], dtype=torch.int64),
     }
+
+
+@pytest.fixture
+def world():
+    """make_world's default geometry, with copies of what a refused call must leave alone."""
+    w = make_world(BS, D, 7)
     w["before"] = {k: v.clone() for k, v in w.items() if k in ("key_cache", "value_cache", "out")}
     return w
 
@@ -488,23 +493,6 @@ def test_context_threads_argument():
         pagedattn.Context(threads="gpu")
 
 
-def tiled_world(block_size: int, head_size: int) -> dict:
-    """Caches of a given geometry and a decode over them, for the layout errors."""
-    g = torch.Generator().manual_seed(11)
-    return {
-        "key_cache": torch.randn((NB, KVH, block_size, head_size), generator=g),
-        "value_cache": torch.randn((NB, KVH, block_size, head_size), generator=g),
-        "query": torch.randn((1, H, head_size), generator=g),
-        "out": torch.full((1, H, head_size), 7.0),
-        "qsl": torch.tensor([0, 1], dtype=torch.int32),
-        "lens": torch.tensor([6], dtype=torch.int32),
-        "table": torch.tensor([[3, 1]], dtype=torch.int32),
-        "key": torch.randn((2, KVH, head_size), generator=g),
-        "value": torch.randn((2, KVH, head_size), generator=g),
-        "slots": torch.tensor([13, 4], dtype=torch.int64),
-    }
-
-
 TILED_NEEDS = r"layout = PA_KV_TILED needs block_size and head_size multiples of 16; they are"
 
 # (id, geometry, call, exception, status, message pattern)
@@ -628,7 +616,7 @@ def test_layout_catalogue(case):
     message and status): tiled caches off multiples of 16, a swap between layouts. Nothing is
     written."""
     _, (block_size, head_size), call, exception, status, pattern = case
-    w = tiled_world(block_size, head_size)
+    w = make_world(block_size, head_size, 11)
     w["before"] = {k: v.clone() for k, v in w.items() if k in ("key_cache", "value_cache", "out")}
     with pytest.raises(exception, match=pattern) as info:
         call(w)
