@@ -192,6 +192,7 @@ static void pa_pv_bf16_bf16_avx512bf16(size_t m, size_t n, size_t d, const float
 void pa_attn_kernels_avx512bf16(pa_kernels *k, int dot) {
   pa_attn_ops *ops = &k->attn[PA_BF16][PA_BF16];
   ops->load_q = pa_load_q_bf16;
+  ops->load_q_packed = pa_load_q_bf16;
   ops->q_size = 2;
   ops->scale_scores = 1;
   ops->p_bf16 = dot;
