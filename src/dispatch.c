@@ -33,16 +33,34 @@ static int os_grants_amx(void) {
 #endif
 }
 
-/* AMD family 19h models of Zen 4: Raphael, Genoa, Bergamo and Siena, Phoenix. */
-static int is_zen4(void) {
+/* The CPU's vendor (0: other, 'A': AMD, 'I': Intel) and its family and
+ * model as cpuid leaf 1 encodes them with their extended fields. */
+static int cpu_model(unsigned *family, unsigned *model) {
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return 0;
-  int amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u; /* AuthenticAMD */
-  if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
-  unsigned family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
-  unsigned model = ((eax >> 4) & 0xf) | ((eax >> 12) & 0xf0);
-  return family == 0x19 && ((model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) ||
-                            (model >= 0xa0 && model <= 0xaf));
+  int amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;   /* AuthenticAMD */
+  int intel = ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu; /* GenuineIntel */
+  if (!(amd || intel) || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+  *family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
+  *model = ((eax >> 4) & 0xf) | ((eax >> 12) & 0xf0);
+  return amd ? 'A' : 'I';
+}
+
+/* AMD family 19h models of Zen 4: Raphael, Genoa, Bergamo and Siena, Phoenix. */
+static int is_zen4(void) {
+  unsigned family = 0, model = 0;
+  return cpu_model(&family, &model) == 'A' && family == 0x19 &&
+         ((model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) ||
+          (model >= 0xa0 && model <= 0xaf));
+}
+
+/* Intel family 6 Xeons with AVX-512 from Sapphire Rapids on: Sapphire
+ * Rapids (0x8f), Emerald Rapids (0xcf), Granite Rapids (0xad, 0xae), and
+ * 0xa7, the model this machine kind's AMX Xeon VM reports. */
+static int is_recent_xeon(void) {
+  unsigned family = 0, model = 0;
+  return cpu_model(&family, &model) == 'I' && family == 6 &&
+         (model == 0x8f || model == 0xcf || model == 0xad || model == 0xae || model == 0xa7);
 }
 
 pa_isa pa_isa_detect(void) {
@@ -105,7 +123,7 @@ static void measure_dot(void) { pa_dot_fast = pa_bf16_dot_cost_avx512bf16() <= P
 
 int pa_prefetch_to_l2_suits(void) {
 #if defined(PA_HAVE_X86_KERNELS)
-  return is_zen4();
+  return is_zen4() || is_recent_xeon();
 #else
   return 0;
 #endif
@@ -136,6 +154,7 @@ void pa_kernels_build(pa_isa isa, int bf16_dot, pa_kernels *kernels) {
   if (isa >= PA_ISA_AVX512) {
     pa_convert_kernels_avx512(kernels);
     pa_attn_kernels_avx512(kernels);
+    pa_attn_split_kernels_avx512(kernels);
     pa_prefill_kernels_avx512(kernels);
   }
   if (isa >= PA_ISA_AVX512BF16) {

@@ -28,10 +28,10 @@ const char *pa_isa_family_name(pa_isa isa); /* "scalar", "avx2" or "avx512" */
  * units, measured once per process (docs/xeon-amx.md); 0 without them. */
 int pa_bf16_dot_is_fast(void);
 /* Whether the next tile's K/V are best requested into L2 only, by what the
- * CPU is (docs/decode-memory.md): on Zen 4, whose PREFETCHT1 fills L2
- * without holding one of L1's few miss buffers until the line arrives,
- * requests into L1 stall the loop once those are taken; elsewhere the
- * lines are wanted in L1. */
+ * CPU is (docs/decode-memory.md): on Zen 4 and the recent Xeons, requests
+ * into L1 stall the loop once L1's few miss buffers are taken, and the
+ * decode reads faster with PREFETCHT1; elsewhere (Zen 5) the lines are
+ * wanted in L1. */
 int pa_prefetch_to_l2_suits(void);
 /* Fills `kernels` with the family `isa` (which must be supported); on the
  * AVX512-BF16 and AMX paths, bf16 caches' direct products (and, without
