@@ -4,9 +4,10 @@
  * Each 32-bit lane of a bf16 row holds a pair of elements: shifted left by
  * 16 it is the even element as an f32, with its low half cleared the odd
  * one. Widening 16 elements in order instead takes a vpmovzxwd, a shuffle,
- * and on the Xeons where these kernels run (bf16 dot products slower than
- * the FMAs, pa_bf16_dot_is_fast) the shuffle port is one of the two FMA
- * ports (docs/decode-memory.md, "bf16 split in pairs").
+ * and on the Xeons whose bf16 caches take these kernels (their bf16 dot
+ * products are slower than the FMAs, pa_bf16_dot_is_fast) the shuffle port
+ * is one of the two FMA ports (docs/decode-memory.md, "bf16 split in
+ * pairs"). Elsewhere they serve f32 and f16 activations over bf16 caches.
  *
  * So every 32 elements of a row are split into an even and an odd vector:
  * Q K^T takes Q split the same way once per call (each 32-element group
