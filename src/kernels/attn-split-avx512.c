@@ -33,10 +33,12 @@ PA_INLINE __mmask32 words_before(size_t left) {
   return left >= 32 ? (__mmask32)~0u : (__mmask32)((1u << left) - 1u);
 }
 
-/* The 32 bf16 elements of `row` from element c, those at or past d as 0. */
+/* The 32 bf16 elements of `row` from element c, those at or past d as 0
+ * (all of them where a block's last group starts past d). */
 PA_INLINE __m512i load_pairs(const void *row, size_t c, size_t d) {
   const char *at = (const char *)row + 2 * c;
-  return d - c >= 32 ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi16(words_before(d - c), at);
+  if (c + 32 <= d) return _mm512_loadu_si512(at);
+  return _mm512_maskz_loadu_epi16(c < d ? words_before(d - c) : 0, at);
 }
 
 PA_INLINE __m512 even_of(__m512i pairs) {
