@@ -39,10 +39,9 @@ PA_INLINE void qk_rows(const int rows, pa512_loader qload, size_t q_elem, pa512_
                        const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
   const int keys = 16 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
-    size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
     pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
-    for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
+    size_t valid = pa_key_block(k_rows, j, keys, n, k);
     qk_block(rows, keys, qload, q_elem, load, elem, d, q, ldq, k, s + j, lds, valid);
   }
 }

@@ -56,10 +56,9 @@ PA_INLINE void qk_rows(const int rows, size_t n, size_t d, const uint16_t *q, si
   const int keys = 16 / rows;
   const size_t chunks = (d + 31) / 32;
   for (size_t j = 0; j < n; j += (size_t)keys) {
-    size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
     if (!qk_steps_per_chunk(d)) pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
-    for (int t = 0; t < keys; t++) k[t] = k_rows[j + ((size_t)t < valid ? (size_t)t : valid - 1)];
+    size_t valid = pa_key_block(k_rows, j, keys, n, k);
     qk_block(rows, keys, d, q, ldq, k, s + j, lds, valid, prefetch, j * chunks);
   }
 }

@@ -183,10 +183,9 @@ PA_INLINE void qk_rows(const int rows, const int split, const pa_fp8_tables *t, 
                        size_t lds, pa_prefetch *prefetch) {
   const int keys = 16 / rows;
   for (size_t j = 0; j < n; j += (size_t)keys) {
-    size_t valid = n - j < (size_t)keys ? n - j : (size_t)keys;
     pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
-    for (int i = 0; i < keys; i++) k[i] = k_rows[j + ((size_t)i < valid ? (size_t)i : valid - 1)];
+    size_t valid = pa_key_block(k_rows, j, keys, n, k);
     qk_block(rows, keys, split, t, d, q, ldq, k, s + j, lds, valid);
   }
 }

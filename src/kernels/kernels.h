@@ -221,6 +221,17 @@ static inline const float *pa_rescale_from(const float *rescale, size_t i) {
   return rescale ? rescale + i : NULL;
 }
 
+/* The `keys` (a register block's count) K rows from key j of n into k,
+ * returning how many exist: a block that runs past n repeats its last
+ * row, so that the block reads only rows it was given and its surplus
+ * sums are computed but not stored. */
+static inline size_t pa_key_block(const void *const *k_rows, size_t j, int keys, size_t n,
+                                  const void **k) {
+  size_t valid = PA_MIN(n - j, (size_t)keys);
+  for (int t = 0; t < keys; t++) k[t] = k_rows[j + PA_MIN((size_t)t, valid - 1)];
+  return valid;
+}
+
 /* The row kernels of a family: pa_axpy_<isa> and the load, store and
  * encode rows of the three activation dtypes (FP8 encoding is the scalar
  * family's alone). */
