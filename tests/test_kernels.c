@@ -80,21 +80,30 @@ static float random_rescale(tu_rng *rng, float *o_got, float *o_want, size_t d) 
   return kind == 1 ? 1.0f : (float)tu_range(rng, 0.01, 1);
 }
 
-/* n rows of d elements, each in its own allocation at an odd offset, so
- * kernels cannot assume contiguity or alignment beyond the element's. */
+/* n rows of d elements, each in its own allocation at an odd offset and
+ * ending where its allocation ends, so that kernels cannot assume
+ * contiguity or alignment beyond the element's, and a read past a row's
+ * end is caught under AddressSanitizer. */
 typedef struct rows {
-  void *block;
+  size_t n;
+  void *block[PA_PACK_KEYS];
   const void *ptr[PA_PACK_KEYS];
 } rows;
 
 static void make_rows(tu_rng *rng, rows *r, pa_dtype dtype, size_t n, size_t d) {
-  size_t size = pa_dtype_size(dtype), stride = (d + 7) * size + 64;
-  r->block = malloc(stride * n + 64);
+  size_t size = pa_dtype_size(dtype);
+  r->n = n;
   for (size_t j = 0; j < n; j++) {
-    char *row = (char *)r->block + j * stride + size * (size_t)(size_t)tu_int(rng, 0, (int)(7) - 1);
+    size_t offset = size * (size_t)tu_int(rng, 0, 6);
+    r->block[j] = malloc(offset + d * size);
+    char *row = (char *)r->block[j] + offset;
     random_elements(rng, dtype, row, d);
     r->ptr[j] = row;
   }
+}
+
+static void free_rows(rows *r) {
+  for (size_t j = 0; j < r->n; j++) free(r->block[j]);
 }
 
 /* A prefetch request list (over memory of its own: requests have no
@@ -247,7 +256,7 @@ static void test_qk_pv(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
                 e, o_got[i * ldo + e], o_want[i * ldo + e], inside ? "" : " (past d)");
         }
       }
-      free(kr.block), free(vr.block), free(q), free(got), free(want), free(o_got), free(o_want);
+      free_rows(&kr), free_rows(&vr), free(q), free(got), free(want), free(o_got), free(o_want);
     }
   }
 }
@@ -452,7 +461,7 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
               pa_dtype_name(cache), m, n, d, i, e, o_got[i * ldo + e], o_want[i * ldo + e]);
       }
     }
-    free(kr.block), free(vr.block), free(q_act), free(q_k), free(q_s), free(kp), free(sp);
+    free_rows(&kr), free_rows(&vr), free(q_act), free(q_k), free(q_s), free(kp), free(sp);
     free(got), free(want), free(o_got), free(o_want), free(rescale);
   }
 }
@@ -535,7 +544,7 @@ static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dty
               pa_dtype_name(cache), m, n, d, i, e, o_got[i * ldo + e], o_want[i * ldo + e]);
       }
     }
-    free(kr.block), free(vr.block), free(q_act), free(q_k), free(q_f), free(got), free(want);
+    free_rows(&kr), free_rows(&vr), free(q_act), free(q_k), free(q_f), free(got), free(want);
     free(o_got), free(o_want);
   }
 }
@@ -644,7 +653,7 @@ static void test_fp8_codes(const pa_kernels *k, const pa_kernels *s, tu_rng *rng
                   o_want[i * ldo + e]);
           }
         }
-        free(kr.block), free(vr.block), free(q_bf16), free(q_narrow), free(q), free(got);
+        free_rows(&kr), free_rows(&vr), free(q_bf16), free(q_narrow), free(q), free(got);
         free(want), free(o_got), free(o_want);
       }
     }
@@ -774,10 +783,12 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
               store_nan(cache,
                         side_buf[side] + order[b] * tile + tiled_at(side, bs, d, t, e) * size);
     for (int side = 0; side < 2; side++) {
-      unpacked[side].block = malloc(n * d * size + 1);
-      spec->unpack_tiled[side](unpacked[side].block, anchors[side], n, d, size, bs);
+      /* One block of n rows, the layout unpack_tiled writes. */
+      unpacked[side].n = 1;
+      unpacked[side].block[0] = malloc(n * d * size + 1);
+      spec->unpack_tiled[side](unpacked[side].block[0], anchors[side], n, d, size, bs);
       for (size_t j = 0; j < n; j++)
-        unpacked[side].ptr[j] = (const char *)unpacked[side].block + j * d * size;
+        unpacked[side].ptr[j] = (const char *)unpacked[side].block[0] + j * d * size;
     }
 
     void *q_act = malloc(m * ldq * 4), *q_k = malloc(m * ldq * 4), *q_s = malloc(m * ldq * 4);
@@ -849,7 +860,7 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
     CHECK(bad == 0, "pv_tiled[%s,%s] poison=%d m=%zu n=%zu d=%zu block_size=%zu: %ld wrong",
           pa_dtype_name(act), pa_dtype_name(cache), poison, m, n, d, bs, bad);
     for (int side = 0; side < 2; side++)
-      free(side_buf[side]), free(anchors[side]), free(unpacked[side].block);
+      free(side_buf[side]), free(anchors[side]), free_rows(&unpacked[side]);
     free(q_act), free(q_k), free(q_s), free(sp), free(got), free(want), free(p);
     free(o_got), free(o_want), free(rescale);
   }
