@@ -23,7 +23,9 @@
 #include "roofline.h"
 #include "util.h"
 
-enum { KV_HEADS = 8, ROWS = 4, LDS = PA_PACK_KEYS }; /* Llama-3-8B: 32 / 8 heads */
+enum { KV_HEADS = 8, LDS = PA_PACK_KEYS };
+/* Query rows per KV head: Llama-3-8B's 32 / 8 heads unless --rows says otherwise. */
+static size_t rows_per_head = 4;
 enum { TARGET_NONE, TARGET_CACHED, TARGET_DRAM, NUM_TARGETS };
 static const char *const target_names[NUM_TARGETS] = {"none", "cached", "dram"};
 
@@ -71,7 +73,7 @@ typedef struct tile_state {
 
 static tile_state tile_state_new(const pa_kernels *k, const kernel_case *c) {
   tile_state st = {.k = k, .ops = &k->attn[c->act][c->cache], .d = c->head_size, .n = c->keys};
-  size_t rows = (size_t)KV_HEADS * ROWS;
+  size_t rows = (size_t)KV_HEADS * rows_per_head;
   st.ldq = (st.d + 63) / 64 * 64;
   float *q_f32 = pab_xcalloc(rows * st.ldq, sizeof(float));
   st.q = pab_xcalloc(rows * st.ldq, 4);
@@ -97,7 +99,7 @@ static tile_state tile_state_new(const pa_kernels *k, const kernel_case *c) {
 
 /* Every row's softmax starts afresh (no key seen). */
 static void tile_state_restart(tile_state *st) {
-  for (size_t r = 0; r < (size_t)KV_HEADS * ROWS; r++) {
+  for (size_t r = 0; r < (size_t)KV_HEADS * rows_per_head; r++) {
     st->row_max[r] = -INFINITY;
     st->row_sum[r] = 0.0f;
   }
@@ -113,12 +115,12 @@ static void tile_state_free(tile_state *st) {
  * when `ahead` is NULL); the phases' times are added to *t. */
 static void run_tile(const tile_state *st, pa_prefetch *ahead, size_t budget, phase_times *t) {
   const pa_attn_ops *ops = st->ops;
-  size_t d = st->d, n = st->n, ldq = st->ldq, rows = (size_t)KV_HEADS * ROWS;
+  size_t d = st->d, n = st->n, ldq = st->ldq, rows = (size_t)KV_HEADS * rows_per_head;
   double t0 = pab_now();
   for (size_t h = 0; h < KV_HEADS; h++) {
     if (ahead) pa_prefetch_begin(ahead, budget);
-    ops->qk(ROWS, n, d, st->q + h * ROWS * ldq * ops->q_size, ldq, st->k_rows + h * n,
-            st->s + h * ROWS * LDS, LDS, ahead);
+    ops->qk(rows_per_head, n, d, st->q + h * rows_per_head * ldq * ops->q_size, ldq,
+            st->k_rows + h * n, st->s + h * rows_per_head * LDS, LDS, ahead);
   }
   double t1 = pab_now();
   pa_softmax_tile tile = {.m = rows,
@@ -132,8 +134,8 @@ static void run_tile(const tile_state *st, pa_prefetch *ahead, size_t budget, ph
   double t2 = pab_now();
   for (size_t h = 0; h < KV_HEADS; h++) {
     if (ahead) pa_prefetch_begin(ahead, budget);
-    ops->pv(ROWS, n, d, st->s + h * ROWS * LDS, LDS, st->v_rows + h * n, st->o + h * ROWS * d, d,
-            st->rescale + h * ROWS, ahead);
+    ops->pv(rows_per_head, n, d, st->s + h * rows_per_head * LDS, LDS, st->v_rows + h * n,
+            st->o + h * rows_per_head * d, d, st->rescale + h * rows_per_head, ahead);
   }
   double t3 = pab_now();
   t->qk += t1 - t0;
@@ -240,11 +242,14 @@ static void print_row(const kernel_case *c, const char *target, const phase_time
 
 static void usage(FILE *f) {
   fputs(
-      "usage: pagedattn-kernel-bench [--quick] [--isa NAME] [--reread | --prefill]\n"
+      "usage: pagedattn-kernel-bench [--quick] [--isa NAME] [--rows N] [--case NAME]\n"
+      "                              [--reread | --prefill]\n"
       "Times the decode micro-kernels of one tile with K/V in L2 (see the top of\n"
       "bench/kernels.c); ns per key and KV head, and that time over the time the\n"
       "memory needs for the same K/V bytes at the read bandwidth measured first;\n"
       "the stream rows read K/V from DRAM, tile after tile (2 x 512 MiB, best of 5).\n"
+      "--rows N: query rows per KV head (1 to 16; 4, Llama-3-8B's, by default);\n"
+      "--case NAME: only the cache case NAME (the table's first column).\n"
       "--reread instead reads sets of 32 MiB to 1 GiB over and over (1 thread, the\n"
       "best of 5 passes after a first): what the L3 keeps of a set larger than itself.\n"
       "--prefill instead times the packed (prefill) kernels on one tile in cache, against\n"
@@ -267,7 +272,7 @@ static void reread_sets(const pab_machine *mach) {
 
 int main(int argc, char **argv) {
   int quick = 0, reread = 0, prefill = 0;
-  const char *isa_name = NULL;
+  const char *isa_name = NULL, *only_case = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) {
       quick = 1;
@@ -277,6 +282,19 @@ int main(int argc, char **argv) {
       prefill = 1;
     } else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
       isa_name = argv[++i];
+    } else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
+      const char *arg = argv[++i];
+      char *end;
+      long value = strtol(arg, &end, 10);
+      if (*end || value < 1 || value > 16) pab_die("--rows %s: not a row count from 1 to 16", arg);
+      rows_per_head = (size_t)value;
+    } else if (!strcmp(argv[i], "--case") && i + 1 < argc) {
+      only_case = argv[++i];
+      size_t found = 0;
+      for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        found += !strcmp(cases[c].name, only_case);
+      if (!found)
+        pab_die("--case %s: no such case (the names are the table's first column)", only_case);
     } else {
       usage(strcmp(argv[i], "--help") ? stderr : stdout);
       return strcmp(argv[i], "--help") ? 2 : 0;
@@ -326,12 +344,13 @@ int main(int argc, char **argv) {
   printf(
       "# ns per key and KV head, %d KV heads x %d query rows each; memory = the K and V bytes "
       "of a key and KV head at read_gbs\n",
-      KV_HEADS, ROWS);
+      KV_HEADS, (int)rows_per_head);
   printf("%-11s %4s %4s %-7s %7s %7s %7s %7s %7s %9s\n", "cache", "d", "keys", "prefetch", "qk",
          "softmax", "pv", "total", "memory", "total/mem");
   int reps = quick ? 20 : 20000;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     const kernel_case *c = &cases[i];
+    if (only_case && strcmp(c->name, only_case)) continue;
     double memory_ns = 2.0 * (double)(c->head_size * pa_dtype_size(c->cache)) / read_gbs;
     for (int target = 0; target < NUM_TARGETS; target++) {
       prefetch_target *where = target == TARGET_NONE     ? NULL
