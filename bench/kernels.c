@@ -271,7 +271,7 @@ static void reread_sets(const pab_machine *mach) {
 }
 
 int main(int argc, char **argv) {
-  int quick = 0, reread = 0, prefill = 0;
+  int quick = 0, reread = 0, prefill = 0, rows_given = 0;
   const char *isa_name = NULL, *only_case = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) {
@@ -288,6 +288,7 @@ int main(int argc, char **argv) {
       long value = strtol(arg, &end, 10);
       if (*end || value < 1 || value > 16) pab_die("--rows %s: not a row count from 1 to 16", arg);
       rows_per_head = (size_t)value;
+      rows_given = 1;
     } else if (!strcmp(argv[i], "--case") && i + 1 < argc) {
       only_case = argv[++i];
       size_t found = 0;
@@ -321,7 +322,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (prefill) {
-    pab_prefill_kernels(&k, &mach, quick);
+    pab_prefill_kernels(&k, &mach, rows_given ? rows_per_head : 128, quick);
     return 0;
   }
   size_t far_bytes = quick ? (size_t)16 << 20 : PA_MAX((size_t)256 << 20, 8 * mach.l3_bytes);

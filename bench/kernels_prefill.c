@@ -2,10 +2,10 @@
  * packed_tile calls them for one KV head's tile: pack K and V, Q K^T for every row, the softmax,
  * P V; the `_tiled` cases read a tiled cache's blocks in place instead (no pack), where the
  * path has those kernels. The tile and its rows stay in L1/L2 (one item of 128 rows per KV head, 32
- * query tokens of a 4:1 GQA group, over PA_PACK_KEYS keys, every key visible), so the figures are
- * the kernels' own speed against this machine's f32 FMA and bf16 dot peaks measured in the same
- * process, the ceiling a whole prefill can approach. Internal tool: it includes the library's
- * private headers (src/). */
+ * query tokens of a 4:1 GQA group, unless --rows says how many, over PA_PACK_KEYS keys, every key
+ * visible), so the figures are the kernels' own speed against this machine's f32 FMA and bf16 dot
+ * peaks measured in the same process, the ceiling a whole prefill can approach. Internal tool: it
+ * includes the library's private headers (src/). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -17,7 +17,7 @@
 #include "kernels_prefill.h"
 #include "util.h"
 
-enum { TILE_ROWS = 128, TILE_KEYS = PA_PACK_KEYS };
+enum { TILE_KEYS = PA_PACK_KEYS };
 
 typedef struct prefill_case {
   const char *name;
@@ -43,9 +43,10 @@ typedef struct prefill_times {
   double pack, qk, softmax, pv; /* seconds, summed over the timed reps */
 } prefill_times;
 
-static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c, int reps) {
+static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c, size_t m,
+                                      int reps) {
   const pa_attn_ops *ops = &k->attn[c->act][c->cache];
-  size_t d = c->head_size, m = TILE_ROWS, n = TILE_KEYS, ldq = (d + 63) / 64 * 64;
+  size_t d = c->head_size, n = TILE_KEYS, ldq = (d + 63) / 64 * 64;
   size_t row_bytes = d * pa_dtype_size(c->cache);
   char *q = pab_xcalloc(m * ldq, 4), *q_act = pab_xcalloc(ldq, 4);
   char *kv = pab_xcalloc(2 * n, row_bytes);
@@ -118,7 +119,7 @@ static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c
   return t;
 }
 
-void pab_prefill_kernels(const pa_kernels *k, const pab_machine *mach, int quick) {
+void pab_prefill_kernels(const pa_kernels *k, const pab_machine *mach, size_t rows, int quick) {
   int one = 1;
   pab_roof roof;
   pab_roofline_measure(mach, &one, 1, (size_t)16 << 20, quick ? 0.01 : 0.05, quick ? 2 : 5, &roof);
@@ -127,9 +128,9 @@ void pab_prefill_kernels(const pa_kernels *k, const pab_machine *mach, int quick
       "(1 thread)\n",
       k->isa, k->bf16_dot ? "" : " (bf16 on FMA)", mach->cpu, roof.fma_gflops, roof.bf16_gflops);
   printf(
-      "# one packed tile of %d rows x %d keys in cache; us per tile for each phase; GFLOP/s "
+      "# one packed tile of %zu rows x %d keys in cache; us per tile for each phase; GFLOP/s "
       "of Q K^T, of P V, and of the whole tile (2 x 2 x rows x keys x d)\n",
-      TILE_ROWS, TILE_KEYS);
+      rows, TILE_KEYS);
   printf("%-15s %4s %8s %8s %8s %8s %8s %8s %8s\n", "case", "d", "pack", "qk", "softmax", "pv",
          "qk_gf", "pv_gf", "tile_gf");
   int reps = quick ? 8 : 4000;
@@ -140,8 +141,8 @@ void pab_prefill_kernels(const pa_kernels *k, const pab_machine *mach, int quick
       printf("%-15s %4zu   (no tiled kernels on this path)\n", c->name, c->head_size);
       continue;
     }
-    prefill_times t = time_packed_tile(k, c, reps);
-    double flops = 2.0 * TILE_ROWS * TILE_KEYS * (double)c->head_size, per = 1e6 / reps;
+    prefill_times t = time_packed_tile(k, c, rows, reps);
+    double flops = 2.0 * (double)rows * TILE_KEYS * (double)c->head_size, per = 1e6 / reps;
     double total = t.pack + t.qk + t.softmax + t.pv;
     printf("%-15s %4zu %8.2f %8.2f %8.2f %8.2f %8.1f %8.1f %8.1f\n", c->name, c->head_size,
            t.pack * per, t.qk * per, t.softmax * per, t.pv * per, flops * reps / t.qk * 1e-9,

@@ -5,7 +5,8 @@
 #include "kernels/kernels.h"
 #include "roofline.h"
 
-/* Times the packed micro-kernels of `k` on one tile per case and prints the table. */
-void pab_prefill_kernels(const pa_kernels *k, const pab_machine *mach, int quick);
+/* Times the packed micro-kernels of `k` on one tile of `rows` rows per case and prints the
+ * table. */
+void pab_prefill_kernels(const pa_kernels *k, const pab_machine *mach, size_t rows, int quick);
 
 #endif

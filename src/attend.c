@@ -434,11 +434,13 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   size_t tile = item_is_packed(c, item) ? lds_tile : direct_tile(&c->kv, keys, lds_tile);
   if (reads_tiles(c)) {
     /* The tiles' kernels take keys from a multiple of PA_TILED_STEP on (the
-     * keys before the item's are masked), and whole key tiles: each call
-     * loads and releases the tile configuration, a cost that short direct
-     * tiles would pay several times over (docs/xeon-amx.md). */
+     * keys before the item's are masked), and whole key tiles where each
+     * call loads and releases a tile configuration, a cost that short
+     * direct tiles would pay several times over (docs/xeon-amx.md). */
     lo = lo < hi ? lo / PA_TILED_STEP * PA_TILED_STEP : lo;
-    tile = lds_tile;
+    tile = c->ops->tiled_whole_tiles
+               ? lds_tile
+               : PA_MIN((tile + PA_TILED_STEP - 1) / PA_TILED_STEP * PA_TILED_STEP, lds_tile);
   }
   float *partial = NULL; /* a split's O, max and sum per row, for merge_rows */
   if (item->split >= 0) {

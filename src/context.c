@@ -137,8 +137,8 @@ pa_kv_layout pa_kv_layout_preferred(const pa_context *ctx, pa_dtype act_dtype, p
     return PA_KV_ROWS;
   }
   const pa_attn_ops *ops = &ctx->kernels.attn[act_dtype][cache_dtype];
-  return ops->qk_tiled && (size_t)head_size % ops->tiled_head_multiple == 0 ? PA_KV_TILED
-                                                                            : PA_KV_ROWS;
+  return ops->tiled_preferred && (size_t)head_size % ops->tiled_head_multiple == 0 ? PA_KV_TILED
+                                                                                   : PA_KV_ROWS;
 }
 
 /* Sizes grow by half again so a slowly growing workload settles quickly. */

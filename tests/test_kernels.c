@@ -724,7 +724,7 @@ static void store_nan(pa_dtype dtype, void *at) {
 }
 
 static const size_t g_tiled_keys[] = {1, 2, 5, 15, 16, 17, 31, 32, 33, 47, 64, 100, 127, 128};
-static const size_t g_tiled_heads[] = {32, 64, 96, 128, 256};
+static const size_t g_tiled_heads[] = {16, 32, 48, 64, 80, 96, 128, 256};
 
 /* The products that read a tiled cache in place (qk_tiled, pv_tiled),
  * where a family has them for a dtype pair, against the scalar
@@ -735,7 +735,8 @@ static const size_t g_tiled_heads[] = {32, 64, 96, 128, 256};
  * (keys) and their value pair (poison 0, the contract's minimum), or every
  * token of the blocks past n (poison 1, what a cache's unowned slots hold);
  * none may reach S's first n columns or O. S's columns past n rounded up
- * to 16 keep what they held. Head sizes are multiples of 32. */
+ * to 16 keep what they held. Head sizes are multiples of 16, those of the
+ * kernels' tiled_head_multiple. */
 static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, const pa_kernels *spec,
                                 pa_dtype act, pa_dtype cache, tu_rng *rng) {
   static const size_t block_sizes[] = {16, 32, 48, 128};
@@ -743,6 +744,7 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
   for (size_t it = 0; it < 2 * COUNT(g_tiled_heads); it++) {
     int poison = (int)(it % 2);
     size_t d = g_tiled_heads[it / 2];
+    if (d % k->tiled_head_multiple) continue;
     size_t n = g_tiled_keys[(size_t)tu_int(rng, 0, (int)COUNT(g_tiled_keys) - 1)];
     size_t bs = block_sizes[(size_t)tu_int(rng, 0, (int)COUNT(block_sizes) - 1)];
     size_t m = g_packed_rows[(size_t)tu_int(rng, 0, (int)(COUNT(g_packed_rows) - 1))];

@@ -61,6 +61,7 @@ PA_INLINE void pa512_store_o_block(const int rows, const int cols, const int par
     for (int r = 0; r < rows; r++) {
       float *at = o + r * ldo + 16 * (size_t)c;
       if (c + 1 < cols || !partial) {
+        /* cppcheck-suppress negativeIndex ; c counts up from 0 (cppcheck 2.10 infers -1) */
         _mm512_storeu_ps(at, acc[r][c]);
       } else {
         _mm512_mask_storeu_ps(at, last, acc[r][c]);

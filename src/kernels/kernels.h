@@ -179,6 +179,8 @@ typedef struct pa_attn_ops {
   pa_qk_tiled_fn qk_tiled;
   pa_pv_tiled_fn pv_tiled;
   size_t tiled_head_multiple; /* they serve head sizes that are multiples of this */
+  int tiled_whole_tiles;      /* they want whole key tiles (a direct item's short ones cost) */
+  int tiled_preferred;        /* pa_kv_layout_preferred names the tiles: they beat rows here */
 } pa_attn_ops;
 
 typedef struct pa_kernels {

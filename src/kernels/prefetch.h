@@ -94,13 +94,14 @@ static inline size_t pa_packed_steps(size_t iterations) {
   return (iterations + PA_PACKED_STEP - 1) / PA_PACKED_STEP;
 }
 
-/* Rows [0, m) in the AVX-512 packed kernels' register blocks of 6, then 4,
+/* Rows [0, m) in the AVX-512 packed kernels' register blocks of 6, then 4, 3,
  * 2 and 1 rows: BLOCK(rows, i) runs the block of `rows` rows from row i. */
 #define PA_PACKED_ROW_BLOCKS(m, BLOCK)                          \
   do {                                                          \
     size_t pa_row_ = 0;                                         \
     for (; pa_row_ + 6 <= (m); pa_row_ += 6) BLOCK(6, pa_row_); \
     for (; pa_row_ + 4 <= (m); pa_row_ += 4) BLOCK(4, pa_row_); \
+    for (; pa_row_ + 3 <= (m); pa_row_ += 3) BLOCK(3, pa_row_); \
     for (; pa_row_ + 2 <= (m); pa_row_ += 2) BLOCK(2, pa_row_); \
     for (; pa_row_ < (m); pa_row_++) BLOCK(1, pa_row_);         \
   } while (0)

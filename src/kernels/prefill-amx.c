@@ -407,4 +407,6 @@ void pa_prefill_kernels_amx(pa_kernels *k) {
   tiled->qk_tiled = pa_qk_tiled_bf16_amx;
   tiled->pv_tiled = pa_pv_tiled_bf16_amx;
   tiled->tiled_head_multiple = PA_TILE_STEP;
+  tiled->tiled_whole_tiles = 1; /* each call loads the tile configuration */
+  tiled->tiled_preferred = 1;
 }

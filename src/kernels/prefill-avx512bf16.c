@@ -78,17 +78,25 @@ PA_INLINE uint32_t pair_at(const uint16_t *p) {
   return pair;
 }
 
+/* Where a block's K^T pair rows lie: column vector c's pair row e (16
+ * keys' pair e) at col[c] + e * stride, in 32-bit pairs. Packed: one
+ * buffer, rows PA_PACK_KEYS apart; a tiled cache: each 16-key group in
+ * place, its pair rows one after the other. */
+typedef struct pa_kt_cols {
+  const uint32_t *col[4];
+  size_t stride;
+} pa_kt_cols;
+
 /* rows x (16 cols) scores over the pairs [0, pairs) of Q's rows (element
  * stride ldq): one broadcast of row r's pair e, `cols` K^T loads per step.
  * The block's loop counts its pairs from `counted` (for its requests). */
-PA_INLINE void qk_packed_pairs(const int rows, const int cols, size_t pairs, const uint16_t *q,
-                               size_t ldq, const uint32_t *kt, __m512 acc[6][4],
-                               pa_prefetch *prefetch, size_t counted) {
+PA_INLINE void qk_pairs_steps(const int rows, const int cols, size_t pairs, const uint16_t *q,
+                              size_t ldq, const pa_kt_cols *kt, __m512 acc[6][4],
+                              pa_prefetch *prefetch, size_t counted) {
   for (size_t e = 0; e < pairs; e++) {
     pa_prefetch_packed(prefetch, counted + e);
-    const uint32_t *k = kt + e * PA_PACK_KEYS;
     __m512i kv[4];
-    for (int c = 0; c < cols; c++) kv[c] = _mm512_loadu_si512(k + 16 * c);
+    for (int c = 0; c < cols; c++) kv[c] = _mm512_loadu_si512(kt->col[c] + e * kt->stride);
     for (int r = 0; r < rows; r++) {
       __m512i b = _mm512_set1_epi32((int)pair_at(q + r * ldq + 2 * e));
       for (int c = 0; c < cols; c++) acc[r][c] = dot(acc[r][c], b, kv[c]);
@@ -97,100 +105,168 @@ PA_INLINE void qk_packed_pairs(const int rows, const int cols, size_t pairs, con
 }
 
 /* The block is units [first, first + rows * keys) of the call's `total`. */
-PA_INLINE void qk_packed_block(const int rows, const int cols, size_t keys, size_t d,
-                               const uint16_t *q, size_t ldq, const uint32_t *kt, float *s,
-                               size_t lds, pa_prefetch *prefetch, size_t first, size_t total) {
+PA_INLINE void qk_pairs_block(const int rows, const int cols, size_t keys, size_t d,
+                              const uint16_t *q, size_t ldq, const pa_kt_cols *kt, float *s,
+                              size_t lds, pa_prefetch *prefetch, size_t first, size_t total) {
   pa_prefetch_span(prefetch, first, (size_t)rows * keys, total, pa_packed_steps((d + 1) / 2));
   __m512 acc[6][4];
   for (int r = 0; r < rows; r++) {
     for (int c = 0; c < cols; c++) acc[r][c] = _mm512_setzero_ps();
   }
-  qk_packed_pairs(rows, cols, d / 2, q, ldq, kt, acc, prefetch, 0);
+  qk_pairs_steps(rows, cols, d / 2, q, ldq, kt, acc, prefetch, 0);
   if (d % 2) { /* an odd row's last element pairs with zero, not with what follows */
     uint16_t last[6][2];
     for (int r = 0; r < rows; r++) {
       last[r][0] = q[r * ldq + d - 1];
       last[r][1] = 0;
     }
-    qk_packed_pairs(rows, cols, 1, &last[0][0], 2, kt + (d / 2) * PA_PACK_KEYS, acc, prefetch,
-                    d / 2);
+    pa_kt_cols tail = *kt;
+    for (int c = 0; c < cols; c++) tail.col[c] += (d / 2) * kt->stride;
+    qk_pairs_steps(rows, cols, 1, &last[0][0], 2, &tail, acc, prefetch, d / 2);
   }
   for (int r = 0; r < rows; r++) {
     for (int c = 0; c < cols; c++) _mm512_storeu_ps(s + r * lds + 16 * c, acc[r][c]);
   }
 }
 
+/* S = Q K^T over K^T pairs packed (k: the buffer) or in a tiled cache's
+ * groups (`tiled`; k: key j's anchor at [j], a 16-key group's start). */
+PA_INLINE void qk_pairs(const int tiled, size_t m, size_t n, size_t d, const uint16_t *q,
+                        size_t ldq, const void *k, float *s, size_t lds, pa_prefetch *prefetch) {
+  const uint32_t *k_packed = k;
+  const void *const *k_anchors = k;
+  /* 64 keys at a time, the last block in as many 16-key columns as it
+   * needs. The requests are spread over the row x key products. */
+  for (size_t k0 = 0; k0 < n; k0 += 64) {
+    size_t keys = PA_MIN(n - k0, 64);
+    pa_kt_cols kt = {{0}, tiled ? PA_TILED_GROUP : PA_PACK_KEYS};
+    for (size_t c = 0; c < 4; c++) { /* those past the block's columns repeat its last */
+      size_t j = k0 + 16 * PA_MIN(c, (keys - 1) / 16);
+      kt.col[c] = tiled ? k_anchors[j] : k_packed + j;
+    }
+#define QK_BLOCK(rows, i)                                                                     \
+  qk_pairs_block(rows, cols, keys, d, q + (i)*ldq, ldq, &kt, s + (i)*lds + k0, lds, prefetch, \
+                 k0 * m + (i)*keys, m * n)
+    PA_FOR_COLUMN_VECTORS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
+#undef QK_BLOCK
+  }
+}
+
 void pa_qk_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,
                                   const void *k_packed, float *s, size_t lds,
                                   pa_prefetch *prefetch) {
-  const uint16_t *q = q_rows;
-  const uint32_t *kt = k_packed;
-  /* 64 keys at a time, the last block in as many 16-key columns as it
-   * needs; K^T rows are PA_PACK_KEYS apart. The requests are spread over
-   * the row x key products. */
-  for (size_t k0 = 0; k0 < n; k0 += 64) {
-    size_t keys = PA_MIN(n - k0, 64);
-#define QK_BLOCK(rows, i)                                                                          \
-  qk_packed_block(rows, cols, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
-                  k0 * m + (i)*keys, m * n)
-    PA_FOR_COLUMN_VECTORS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
-#undef QK_BLOCK
+  qk_pairs(0, m, n, d, q_rows, ldq, k_packed, s, lds, prefetch);
+}
+
+/* Columns past n up to a multiple of 16 get the products of whatever their
+ * group holds there. */
+static void pa_qk_tiled_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q_rows,
+                                        size_t ldq, const void *const *k_anchors, float *s,
+                                        size_t lds, pa_prefetch *prefetch) {
+  qk_pairs(1, m, n, d, q_rows, ldq, k_anchors, s, lds, prefetch);
+}
+
+/* Where P V finds the V pairs of keys j and j + 1 (j even) for the 16
+ * columns from c (a multiple of 16): packed, packed + j / 2 * ldv + c; a
+ * tiled cache, anchors[j] + c / 16 * group (a block's pair rows of one
+ * column group lie one after the other, its column groups `group` apart). */
+typedef struct pa_v_pairs {
+  const uint32_t *packed;
+  size_t ldv;
+  const void *const *anchors;
+  size_t group;
+} pa_v_pairs;
+
+PA_INLINE const uint32_t *v_pair_row(const pa_v_pairs *v, size_t j, size_t c) {
+  return v->anchors ? (const uint32_t *)v->anchors[j] + c / 16 * v->group
+                    : v->packed + j / 2 * v->ldv + c;
+}
+
+/* O block += the pair of keys j, j + 1 (P's pairs[r][j / 2]); `keep` masks
+ * the V words used (all, or the first key's where the second is past n). */
+PA_INLINE void pv_pair_step(const int rows, const int cols, const pa_v_pairs *v, size_t j,
+                            size_t c0, __m512i keep, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
+                            __m512 acc[6][4]) {
+  const uint32_t *vj = v_pair_row(v, j, c0);
+  size_t step = v->anchors ? v->group : 16;
+  __m512i vc[4];
+  for (int c = 0; c < cols; c++)
+    vc[c] = _mm512_and_si512(_mm512_loadu_si512(vj + (size_t)c * step), keep);
+  for (int r = 0; r < rows; r++) {
+    __m512i b = _mm512_set1_epi32((int)pairs[r][j / 2]);
+    for (int c = 0; c < cols; c++) acc[r][c] = dot(acc[r][c], b, vc[c]);
   }
 }
 
 /* rows x (16 cols) columns of O from c0; `cols` (a constant) vectors
  * hold the block's columns below d, only the last of which may be partial
  * (`partial`; docs/code-figures.md, pv_packed_block). */
-PA_INLINE void pv_packed_block(const int rows, const int cols, const int partial, size_t n,
-                               size_t c0, size_t d, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
-                               const uint32_t *v, size_t ldv, float *o, size_t ldo,
-                               const float *rescale, pa_prefetch *prefetch) {
+PA_INLINE void pv_pairs_block(const int rows, const int cols, const int partial, size_t n,
+                              size_t c0, size_t d, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
+                              const pa_v_pairs *v, float *o, size_t ldo, const float *rescale,
+                              pa_prefetch *prefetch) {
   /* Full V loads up to d (rows are padded to 16); see prefill-avx512.c. */
   const __mmask16 last = partial ? pa512_tail_mask(d - c0 - 16 * (size_t)(cols - 1)) : 0xffff;
+  const __m512i all = _mm512_set1_epi32(-1);
   __m512 acc[6][4];
   pa512_load_o_block(rows, cols, partial, last, o + c0, ldo, rescale, acc);
-  const uint32_t *vj = v + c0;
-  for (size_t j = 0; j < n; j += 2, vj += ldv) {
+  size_t j = 0;
+  for (; j + 2 <= n; j += 2) {
     pa_prefetch_packed(prefetch, j); /* j even: every PA_PACKED_STEP keys */
-    __m512i vc[4];
-    for (int c = 0; c < cols; c++) vc[c] = _mm512_loadu_si512(vj + 16 * c);
-    for (int r = 0; r < rows; r++) {
-      __m512i b = _mm512_set1_epi32((int)pairs[r][j / 2]);
-      for (int c = 0; c < cols; c++) acc[r][c] = dot(acc[r][c], b, vc[c]);
-    }
+    pv_pair_step(rows, cols, v, j, c0, all, pairs, acc);
+  }
+  if (j < n) { /* key n may be anything in a tiled cache, NaN included */
+    pa_prefetch_packed(prefetch, j);
+    pv_pair_step(rows, cols, v, j, c0, _mm512_set1_epi32(0xffff), pairs, acc);
   }
   pa512_store_o_block(rows, cols, partial, last, o + c0, ldo, acc);
 }
 
 /* Rows [i, i + rows) of m: units [i d, (i + rows) d) of the row x column
  * products over which the requests are spread. */
-PA_INLINE void pv_packed_rows(const int rows, size_t i, size_t m, size_t n, size_t d,
-                              const float *p, size_t ldp, const uint32_t *v, size_t ldv, float *o,
-                              size_t ldo, const float *rescale, pa_prefetch *prefetch) {
+PA_INLINE void pv_pairs_rows(const int rows, size_t i, size_t m, size_t n, size_t d, const float *p,
+                             size_t ldp, const pa_v_pairs *v, float *o, size_t ldo,
+                             const float *rescale, pa_prefetch *prefetch) {
   uint32_t pairs[6][PA_PAIR_KEYS / 2];
   pack_pairs(rows, n, p, ldp, pairs);
   for (size_t c0 = 0; c0 < d; c0 += 64) {
     pa_prefetch_span(prefetch, i * d + (size_t)rows * c0, (size_t)rows * PA_MIN(d - c0, 64), m * d,
                      pa_packed_steps(n));
     if (c0 + 64 <= d) {
-      pv_packed_block(rows, 4, 0, n, c0, d, pairs, v, ldv, o, ldo, rescale, prefetch);
+      pv_pairs_block(rows, 4, 0, n, c0, d, pairs, v, o, ldo, rescale, prefetch);
     } else {
-      PA_FOR_COLUMN_VECTORS(d - c0, pv_packed_block(rows, cols, 1, n, c0, d, pairs, v, ldv, o, ldo,
-                                                    rescale, prefetch));
+      PA_FOR_COLUMN_VECTORS(
+          d - c0, pv_pairs_block(rows, cols, 1, n, c0, d, pairs, v, o, ldo, rescale, prefetch));
     }
   }
+}
+
+PA_INLINE void pv_pairs(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                        const pa_v_pairs *v, float *o, size_t ldo, const float *rescale,
+                        pa_prefetch *prefetch) {
+#define PV_ROWS(rows, i)                                                   \
+  pv_pairs_rows(rows, (i), m, n, d, p + (i)*ldp, ldp, v, o + (i)*ldo, ldo, \
+                pa_rescale_from(rescale, i), prefetch)
+  PA_PACKED_ROW_BLOCKS(m, PV_ROWS);
+#undef PV_ROWS
 }
 
 void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                                   const void *v_packed, float *o, size_t ldo, const float *rescale,
                                   pa_prefetch *prefetch) {
-  const uint32_t *v = v_packed;
-  size_t ldv = (d + 15) / 16 * 16;
-#define PV_ROWS(rows, i)                                                         \
-  pv_packed_rows(rows, (i), m, n, d, p + (i)*ldp, ldp, v, ldv, o + (i)*ldo, ldo, \
-                 pa_rescale_from(rescale, i), prefetch)
-  PA_PACKED_ROW_BLOCKS(m, PV_ROWS);
-#undef PV_ROWS
+  const pa_v_pairs v = {v_packed, (d + 15) / 16 * 16, NULL, 0};
+  pv_pairs(m, n, d, p, ldp, &v, o, ldo, rescale, prefetch);
+}
+
+/* A tiled cache's values read in place, any block size (a multiple of 16
+ * holds whole pairs); `stage` is not needed. */
+static void pa_pv_tiled_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                        const void *const *v_anchors, size_t block_size,
+                                        void *stage, float *o, size_t ldo, const float *rescale,
+                                        pa_prefetch *prefetch) {
+  (void)stage;
+  const pa_v_pairs v = {NULL, 0, v_anchors, PA_TILED_GROUP * block_size / 2};
+  pv_pairs(m, n, d, p, ldp, &v, o, ldo, rescale, prefetch);
 }
 
 /* These packed kernels overtake the direct ones (whose Q K^T blocks end in a
@@ -213,5 +289,14 @@ void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
     ops->qk_packed = pa_qk_packed_bf16_avx512bf16;
     ops->pv_packed = pa_pv_packed_bf16_avx512bf16;
     ops->packed_min_rows = cache == PA_BF16 ? 16 : 32;
+  }
+  /* A tiled bf16 cache's groups are these kernels' pair layouts, read in
+   * place; rows stay the preferred layout (docs/decode-memory.md, "Tiled
+   * caches without AMX"). */
+  if (bf16_pairs) {
+    pa_attn_ops *tiled = &k->attn[PA_BF16][PA_BF16];
+    tiled->qk_tiled = pa_qk_tiled_bf16_avx512bf16;
+    tiled->pv_tiled = pa_pv_tiled_bf16_avx512bf16;
+    tiled->tiled_head_multiple = PA_TILED_GROUP;
   }
 }
