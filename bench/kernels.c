@@ -253,7 +253,8 @@ static void usage(FILE *f) {
       "--reread instead reads sets of 32 MiB to 1 GiB over and over (1 thread, the\n"
       "best of 5 passes after a first): what the L3 keeps of a set larger than itself.\n"
       "--prefill instead times the packed (prefill) kernels on one tile in cache, against\n"
-      "the f32 FMA and bf16 dot peaks measured first (bench/kernels_prefill.c).\n",
+      "the f32 FMA and bf16 dot peaks measured first (bench/kernels_prefill.c); its tile\n"
+      "has 128 rows unless --rows says otherwise (a decode item over a tiled cache).\n",
       f);
 }
 
