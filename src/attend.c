@@ -436,11 +436,15 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
     /* The tiles' kernels take keys from a multiple of PA_TILED_STEP on (the
      * keys before the item's are masked), and whole key tiles where each
      * call loads and releases a tile configuration, a cost that short
-     * direct tiles would pay several times over (docs/xeon-amx.md). */
+     * direct tiles would pay several times over (docs/xeon-amx.md).
+     * Otherwise a tile holds whole blocks where it can: a token's values
+     * are spread over its block, so part of a block is requested whole. */
     lo = lo < hi ? lo / PA_TILED_STEP * PA_TILED_STEP : lo;
-    tile = c->ops->tiled_whole_tiles
-               ? lds_tile
-               : PA_MIN((tile + PA_TILED_STEP - 1) / PA_TILED_STEP * PA_TILED_STEP, lds_tile);
+    size_t keys_wanted = PA_MAX(tile, (size_t)c->kv.block_size);
+    tile =
+        c->ops->tiled_whole_tiles
+            ? lds_tile
+            : PA_MIN((keys_wanted + PA_TILED_STEP - 1) / PA_TILED_STEP * PA_TILED_STEP, lds_tile);
   }
   float *partial = NULL; /* a split's O, max and sum per row, for merge_rows */
   if (item->split >= 0) {
