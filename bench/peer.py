@@ -20,7 +20,8 @@ block size 128, bf16 unless the row's name says otherwise), served by:
 - vLLM: ``torch.ops._C.cpu_attention_with_kv_cache``, the stock CPU_ATTN backend's op, over
   a cache of the same shape in its own internal layout, filled by its
   ``cpu_attn_reshape_and_cache``; the ISA ``_get_attn_isa`` picks and its scheduler metadata
-  made once, as its metadata builder does per step.
+  made once, as its metadata builder does per step. A row vLLM refuses on this CPU (its FP8
+  caches need AVX-512) says so in the table and times the other two.
 - torch: ``scaled_dot_product_attention`` per sequence over dense K/V ``[1, heads, len,
   head_size]`` (the seed TORCH_SDPA backend's prefill path), causal (``is_causal``) for
   prefills, an explicit bottom-right causal mask for chunks over cached keys, no mask for
@@ -451,13 +452,17 @@ def measure(row: Row, threads: int, rounds: int, target: float, with_vllm: bool)
     data = make_data(row)
     ref = reference(row, data)
     cases = {"pagedattn": pagedattn_case(row, data, threads)}
+    refused = None  # why vLLM will not run this row on this CPU
     if with_vllm:
-        cases["vllm"] = vllm_case(row, data)
+        try:
+            cases["vllm"] = vllm_case(row, data)
+        except NotImplementedError as error:  # e.g. FP8 caches without AVX-512
+            refused = str(error)
     cases["torch"] = torch_case(row, data)
     for case in cases.values():
         case.call(1)
     errors = {name: rel_error(case.out, ref) for name, case in cases.items()}
-    if with_vllm:
+    if "vllm" in cases:
         errors["pa_vs_vllm"] = rel_error(cases["pagedattn"].out, cases["vllm"].out.float())
     times = time_row(cases, rounds, target)
     result = {
@@ -467,6 +472,7 @@ def measure(row: Row, threads: int, rounds: int, target: float, with_vllm: bool)
         "times": times,
         "errors": errors,
         "isa": {name: case.info.get("isa", "") for name, case in cases.items()},
+        "vllm_refused": refused,
         "layout": cases["pagedattn"].info["layout"],  # pagedattn's cache layout
     }
     del cases, data, ref
@@ -556,6 +562,13 @@ def layouts(results: list[dict]) -> str:
     return common + (f" ({'; '.join(others)})" if others else "")
 
 
+def vllm_isa(result: dict) -> str:
+    """The ISA vLLM ran a row on, or why it refused the row."""
+    if result.get("vllm_refused"):
+        return f"refused: {result['vllm_refused']}"
+    return result["isa"].get("vllm", "-")
+
+
 def table(results: list[dict]) -> str:
     """The results as a text table."""
     head = (
@@ -579,7 +592,7 @@ def table(results: list[dict]) -> str:
             f"{r['name']:<26} {r['threads']:>3} {fmt_us(pa):>12} {fmt_us(vl):>10} {ratio:>8} "
             f"{fmt_us(best('torch')):>10} {fmt_us(best('pagedattn_c')):>10} "
             f"{err_text[0]:>8} {err_text[1]:>8} {err_text[2]:>9} {err_text[3]:>8}  "
-            f"{r['isa'].get('vllm', '-')}{disagreement(e)}"
+            f"{vllm_isa(r)}{disagreement(e)}"
         )
     return "\n".join(lines)
 

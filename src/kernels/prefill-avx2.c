@@ -1,6 +1,6 @@
 /* Packed-tile micro-kernels for prefill, AVX2 f32: the AVX-512 design with
- * 8-wide vectors, 8 x 8 transposes, and blocks of 2 rows x 32 keys (or
- * columns) to fit sixteen registers. */
+ * 8-wide vectors, 8 x 8 transposes, and register blocks of up to 6 rows x
+ * 16 keys (or columns of O) to fit sixteen registers. */
 #include "avx2-common.h"
 #include "kernels.h"
 #include "prefetch.h"
@@ -29,7 +29,7 @@ PA_INLINE void transpose8(__m256 r[8]) {
 PA_INLINE void pack_k(pa256_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
                       size_t d) {
   float *kt = dst;
-  for (size_t j0 = 0; j0 < (n + 63) / 64 * 64;
+  for (size_t j0 = 0; j0 < (n + 15) / 16 * 16;
        j0 += 8) { /* the columns pa_qk_packed_f32_avx2 reads */
     for (size_t e0 = 0; e0 < d; e0 += 8) {
       size_t count = d - e0 < 8 ? d - e0 : 8;
@@ -72,30 +72,30 @@ PA_DEFINE_PACK(bf16, pa256_load_bf16, 2)
 PA_DEFINE_PACK(e4m3, pa256_load_e4m3, 1)
 PA_DEFINE_PACK(e5m2, pa256_load_e5m2, 1)
 
-/* rows x 32 scores starting at key k0: units [first, first + 32 rows) of
- * the call's `total`. */
-PA_INLINE void qk_block(const int rows, size_t d, const float *q, size_t ldq, const float *kt,
-                        float *s, size_t lds, pa_prefetch *prefetch, size_t first, size_t total) {
-  pa_prefetch_span(prefetch, first, 32 * (size_t)rows, total, pa_packed_steps(d));
-  __m256 acc[2][4];
+/* rows x (8 cols) scores: one broadcast of q per row and `cols` K^T loads
+ * per e. Twelve accumulators (6 rows x 16 keys) hide the FMA latency,
+ * which eight do not, and leave a register for K and one for Q. The block
+ * is units [first, first + rows * keys) of the call's `total`. */
+PA_INLINE void qk_block(const int rows, const int cols, size_t keys, size_t d, const float *q,
+                        size_t ldq, const float *kt, float *s, size_t lds, pa_prefetch *prefetch,
+                        size_t first, size_t total) {
+  pa_prefetch_span(prefetch, first, (size_t)rows * keys, total, pa_packed_steps(d));
+  __m256 acc[6][2];
   for (int r = 0; r < rows; r++) {
-    for (int c = 0; c < 4; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
   }
   for (size_t e = 0; e < d; e++) {
     pa_prefetch_packed(prefetch, e);
     const float *k = kt + e * PA_PACK_KEYS;
-    __m256 k0 = _mm256_loadu_ps(k), k1 = _mm256_loadu_ps(k + 8);
-    __m256 k2 = _mm256_loadu_ps(k + 16), k3 = _mm256_loadu_ps(k + 24);
+    __m256 kv[2];
+    for (int c = 0; c < cols; c++) kv[c] = _mm256_loadu_ps(k + 8 * c);
     for (int r = 0; r < rows; r++) {
       __m256 b = _mm256_broadcast_ss(q + r * ldq + e);
-      acc[r][0] = _mm256_fmadd_ps(b, k0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(b, k1, acc[r][1]);
-      acc[r][2] = _mm256_fmadd_ps(b, k2, acc[r][2]);
-      acc[r][3] = _mm256_fmadd_ps(b, k3, acc[r][3]);
+      for (int c = 0; c < cols; c++) acc[r][c] = _mm256_fmadd_ps(b, kv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < rows; r++) {
-    for (int c = 0; c < 4; c++) _mm256_storeu_ps(s + r * lds + 8 * c, acc[r][c]);
+    for (int c = 0; c < cols; c++) _mm256_storeu_ps(s + r * lds + 8 * c, acc[r][c]);
   }
 }
 
@@ -103,55 +103,62 @@ static void pa_qk_packed_f32_avx2(size_t m, size_t n, size_t d, const void *q_ro
                                   const void *k_packed, float *s, size_t lds,
                                   pa_prefetch *prefetch) {
   const float *q = q_rows, *kt = k_packed;
-  /* The requests are spread over the row x key products written. */
-  size_t keys = (n + 63) / 64 * 64;
-  for (size_t k0 = 0; k0 < keys; k0 += 32) {
-    size_t i = 0;
-    for (; i + 2 <= m; i += 2)
-      qk_block(2, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds, prefetch, k0 * m + 32 * i,
-               m * keys);
-    for (; i < m; i++)
-      qk_block(1, d, q + i * ldq, ldq, kt + k0, s + i * lds + k0, lds, prefetch, k0 * m + 32 * i,
-               m * keys);
+  /* 16 keys at a time, the last block in one vector when it needs no more
+   * (a causal diagonal ends anywhere). The requests are spread over the
+   * row x key products. */
+  for (size_t k0 = 0; k0 < n; k0 += 16) {
+    size_t keys = PA_MIN(n - k0, 16);
+#define QK_BLOCK(rows, i)                                                                   \
+  qk_block(rows, cols, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
+           k0 * m + (i)*keys, m * n)
+    if (keys > 8) {
+      const int cols = 2;
+      PA_PACKED_ROW_BLOCKS(m, QK_BLOCK);
+    } else {
+      const int cols = 1;
+      PA_PACKED_ROW_BLOCKS(m, QK_BLOCK);
+    }
+#undef QK_BLOCK
   }
 }
 
-/* rows x 32 columns of O from c0, over the tile's keys. The packed V rows
- * are padded to ldv (a multiple of 16) with zeros; O's tail goes through
- * a copy. The block is units [first, first + rows * columns) of the call's
- * `total`. */
-PA_INLINE void pv_block(const int rows, size_t n, size_t c0, size_t d, const float *p, size_t ldp,
-                        const float *v, size_t ldv, float *o, size_t ldo, const float *rescale,
-                        pa_prefetch *prefetch, size_t first, size_t total) {
-  pa_prefetch_span(prefetch, first, (size_t)rows * PA_MIN(d - c0, 32), total, pa_packed_steps(n));
-  size_t count[4];
-  __m256 acc[2][4];
-  for (int c = 0; c < 4; c++) {
-    size_t col = c0 + 8 * (size_t)c;
-    count[c] = col >= d ? 0 : (d - col < 8 ? d - col : 8);
-    for (int r = 0; r < rows; r++) {
-      acc[r][c] = count[c] ? pa256_scaled(pa256_load_f32(o + r * ldo + col, count[c]),
-                                          pa256_row_scale(rescale, r))
-                           : _mm256_setzero_ps();
+/* rows x (8 cols) columns of O from c0, kept in registers over the tile's
+ * keys; the last of the `cols` vectors holds `last` (1 to 8) columns below
+ * d. The packed V rows are padded to ldv (a multiple of 16) with zeros, so
+ * V loads whole vectors. The block is units [first, first + rows *
+ * columns) of the call's `total`. */
+PA_INLINE void pv_block(const int rows, const int cols, size_t last, size_t n, const float *p,
+                        size_t ldp, const float *v, size_t ldv, float *o, size_t ldo,
+                        const float *rescale, pa_prefetch *prefetch, size_t first, size_t total) {
+  size_t columns = 8 * (size_t)(cols - 1) + last;
+  pa_prefetch_span(prefetch, first, (size_t)rows * columns, total, pa_packed_steps(n));
+  const __m256i tail = pa256_tail_mask(last);
+  __m256 acc[6][2];
+  for (int r = 0; r < rows; r++) {
+    __m256 scale = pa256_row_scale(rescale, r);
+    for (int c = 0; c < cols; c++) {
+      const float *at = o + r * ldo + 8 * c;
+      __m256 before =
+          c + 1 < cols || last == 8 ? _mm256_loadu_ps(at) : _mm256_maskload_ps(at, tail);
+      acc[r][c] = pa256_scaled(before, scale);
     }
   }
-  for (size_t j = 0; j < n; j++) {
+  for (size_t j = 0; j < n; j++, v += ldv) {
     pa_prefetch_packed(prefetch, j);
-    const float *vj = v + j * ldv + c0;
-    __m256 vv[4];
-    for (int c = 0; c < 4; c++)
-      vv[c] = count[c] ? _mm256_loadu_ps(vj + 8 * c) : _mm256_setzero_ps();
+    __m256 vv[2];
+    for (int c = 0; c < cols; c++) vv[c] = _mm256_loadu_ps(v + 8 * c);
     for (int r = 0; r < rows; r++) {
       __m256 b = _mm256_broadcast_ss(p + r * ldp + j);
-      for (int c = 0; c < 4; c++) acc[r][c] = _mm256_fmadd_ps(b, vv[c], acc[r][c]);
+      for (int c = 0; c < cols; c++) acc[r][c] = _mm256_fmadd_ps(b, vv[c], acc[r][c]);
     }
   }
-  for (int c = 0; c < 4; c++) {
-    size_t col = c0 + 8 * (size_t)c;
-    for (int r = 0; r < rows && count[c]; r++) {
-      float lanes[8];
-      _mm256_storeu_ps(lanes, acc[r][c]);
-      memcpy(o + r * ldo + col, lanes, count[c] * sizeof(float));
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < cols; c++) {
+      float *at = o + r * ldo + 8 * c;
+      if (c + 1 < cols || last == 8)
+        _mm256_storeu_ps(at, acc[r][c]);
+      else
+        _mm256_maskstore_ps(at, tail, acc[r][c]);
     }
   }
 }
@@ -161,15 +168,21 @@ static void pa_pv_packed_f32_avx2(size_t m, size_t n, size_t d, const float *p, 
                                   pa_prefetch *prefetch) {
   const float *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
-  /* The requests are spread over the row x column products. */
-  for (size_t c0 = 0; c0 < d; c0 += 32) {
-    size_t i = 0, first = c0 * m, columns = PA_MIN(d - c0, 32);
-    for (; i + 2 <= m; i += 2)
-      pv_block(2, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo, pa_rescale_from(rescale, i),
-               prefetch, first + i * columns, m * d);
-    for (; i < m; i++)
-      pv_block(1, n, c0, d, p + i * ldp, ldp, v, ldv, o + i * ldo, ldo, pa_rescale_from(rescale, i),
-               prefetch, first + i * columns, m * d);
+  /* 16 columns at a time; the requests are spread over the row x column
+   * products. */
+  for (size_t c0 = 0; c0 < d; c0 += 16) {
+    size_t columns = PA_MIN(d - c0, 16), last = columns > 8 ? columns - 8 : columns;
+#define PV_BLOCK(rows, i)                                                             \
+  pv_block(rows, cols, last, n, p + (i)*ldp, ldp, v + c0, ldv, o + (i)*ldo + c0, ldo, \
+           pa_rescale_from(rescale, i), prefetch, c0 * m + (i)*columns, m * d)
+    if (columns > 8) {
+      const int cols = 2;
+      PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
+    } else {
+      const int cols = 1;
+      PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
+    }
+#undef PV_BLOCK
   }
 }
 
