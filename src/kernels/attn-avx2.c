@@ -246,12 +246,32 @@ PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
   return reduce_max(vmax);
 }
 
-/* As the AVX-512 version: maxima, corrections 8 rows per vector, weights. */
+/* The largest of a row's n raw scores (a NaN passed over). */
+PA_INLINE float raw_max(const float *row, size_t n) {
+  const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+  __m256 vmax = minus_inf;
+  for (size_t j = 0; j < n; j += 8) {
+    size_t count = n - j < 8 ? n - j : 8;
+    __m256 x = pa256_load_f32(row + j, count);
+    if (count < 8) x = _mm256_blendv_ps(minus_inf, x, _mm256_castsi256_ps(pa256_tail_mask(count)));
+    vmax = _mm256_max_ps(x, vmax);
+  }
+  return reduce_max(vmax);
+}
+
+/* As the AVX-512 version: maxima, corrections 8 rows per vector, weights.
+ * A tile that every row sees whole, with no cap or ALiBi (most of a
+ * prompt's), keeps its raw scores: the logits' maximum is the scores'
+ * times the positive scale, and each weight takes its logit from the score
+ * in the exponential's FMA, so the first pass writes nothing. */
 static void pa_softmax_avx2(const pa_softmax_tile *t, float *s, size_t lds) {
+  const int raw = !t->key_lo && t->soft_cap == 0.0f && !t->alibi && t->score_scale > 0.0f;
+  const float log2_scale = t->score_scale * PA_LOG2E;
   float *old_max = t->rescale;
   for (size_t i = 0; i < t->m; i++) {
     old_max[i] = t->row_max[i];
-    t->row_max[i] = fmaxf(old_max[i], logits_row(t, i, s + i * lds));
+    float top = raw ? raw_max(s + i * lds, t->n) * log2_scale : logits_row(t, i, s + i * lds);
+    t->row_max[i] = fmaxf(old_max[i], top);
   }
   for (size_t i = 0; i < t->m; i += 8) {
     size_t count = t->m - i < 8 ? t->m - i : 8;
@@ -271,9 +291,10 @@ static void pa_softmax_avx2(const pa_softmax_tile *t, float *s, size_t lds) {
       continue;
     }
     __m256 shift = _mm256_set1_ps(t->row_max[i]), vsum = _mm256_setzero_ps();
+    __m256 factor = _mm256_set1_ps(raw ? log2_scale : 1.0f);
     for (size_t j = 0; j < t->n; j += 8) {
       size_t count = t->n - j < 8 ? t->n - j : 8;
-      __m256 weight = pa256_exp2(_mm256_sub_ps(pa256_load_f32(row + j, count), shift));
+      __m256 weight = pa256_exp2(_mm256_fmsub_ps(pa256_load_f32(row + j, count), factor, shift));
       pa256_store_f32(row + j, weight, count);
       /* A tail's padding lanes hold 2^(0 - shift), not part of the sum. */
       vsum =

@@ -103,7 +103,10 @@ typedef void (*pa_softmax_fn)(const pa_softmax_tile *tile, float *s, size_t lds)
  *   f32 V:  v[j * ldv + e] = v_j[e]                    (j < n)
  *   bf16 K: pairs kt[(e / 2) * PA_PACK_KEYS + j] = (k_j[e], k_j[e + 1])
  *   bf16 V: pairs v[(j / 2) * ldv + e] = (v_j[e], v_{j+1}[e]) (v_n = 0)
- * Either fits in pa_packed_bytes(d). */
+ * A family whose kernels walk the tile otherwise may pack it in an order of
+ * its own (AVX2: 16-key panels, prefill-avx2.c); a pack and the products
+ * that read it always come from one family. Each fits in
+ * pa_packed_bytes(d). */
 enum { PA_PACK_KEYS = 128 };
 
 static inline size_t pa_packed_bytes(size_t d) {

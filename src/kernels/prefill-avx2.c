@@ -26,6 +26,22 @@ PA_INLINE void transpose8(__m256 r[8]) {
   }
 }
 
+/* This family's packed layouts (see kernels.h) hold each 16-key panel of
+ * K^T, and each 16-column panel of V, whole in consecutive memory:
+ *   K: kt[(j / 16) * 16 * d + e * 16 + j % 16] = k_j[e]
+ *   V: v[(e / 16) * 16 * PA_PACK_KEYS + j * 16 + e % 16] = v_j[e]
+ * so that a register block's pass over its panel walks one run. With the
+ * rows PA_PACK_KEYS floats (512 bytes) apart, a panel's lines fell into an
+ * eighth of the L1's sets, more than those hold (docs/code-figures.md,
+ * "AVX2 packed panels"). */
+PA_INLINE const float *k_panel(const float *kt, size_t j0, size_t d) {
+  return kt + j0 / 16 * 16 * d;
+}
+
+PA_INLINE const float *v_panel(const float *v, size_t c0) {
+  return v + c0 / 16 * 16 * (size_t)PA_PACK_KEYS;
+}
+
 PA_INLINE void pack_k(pa256_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
                       size_t d) {
   float *kt = dst;
@@ -40,7 +56,7 @@ PA_INLINE void pack_k(pa256_loader load, size_t elem, void *dst, const void *con
       }
       transpose8(block);
       for (size_t e = 0; e < count; e++) {
-        _mm256_storeu_ps(kt + (e0 + e) * PA_PACK_KEYS + j0, block[e]);
+        _mm256_storeu_ps(kt + j0 / 16 * 16 * d + (e0 + e) * 16 + j0 % 16, block[e]);
       }
     }
   }
@@ -53,7 +69,7 @@ PA_INLINE void pack_v(pa256_loader load, size_t elem, void *dst, const void *con
   for (size_t j = 0; j < n; j++) {
     for (size_t e = 0; e < ldv; e += 8) {
       __m256 x = e < d ? load((const char *)rows[j] + e * elem, d - e) : _mm256_setzero_ps();
-      _mm256_storeu_ps(v + j * ldv + e, x);
+      _mm256_storeu_ps(v + e / 16 * 16 * PA_PACK_KEYS + j * 16 + e % 16, x);
     }
   }
 }
@@ -86,7 +102,7 @@ PA_INLINE void qk_block(const int rows, const int cols, size_t keys, size_t d, c
   }
   for (size_t e = 0; e < d; e++) {
     pa_prefetch_packed(prefetch, e);
-    const float *k = kt + e * PA_PACK_KEYS;
+    const float *k = kt + e * 16;
     __m256 kv[2];
     for (int c = 0; c < cols; c++) kv[c] = _mm256_loadu_ps(k + 8 * c);
     for (int r = 0; r < rows; r++) {
@@ -108,9 +124,9 @@ static void pa_qk_packed_f32_avx2(size_t m, size_t n, size_t d, const void *q_ro
    * row x key products. */
   for (size_t k0 = 0; k0 < n; k0 += 16) {
     size_t keys = PA_MIN(n - k0, 16);
-#define QK_BLOCK(rows, i)                                                                   \
-  qk_block(rows, cols, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
-           k0 * m + (i)*keys, m * n)
+#define QK_BLOCK(rows, i)                                                                    \
+  qk_block(rows, cols, keys, d, q + (i)*ldq, ldq, k_panel(kt, k0, d), s + (i)*lds + k0, lds, \
+           prefetch, k0 * m + (i)*keys, m * n)
     if (keys > 8) {
       const int cols = 2;
       PA_PACKED_ROW_BLOCKS(m, QK_BLOCK);
@@ -124,12 +140,12 @@ static void pa_qk_packed_f32_avx2(size_t m, size_t n, size_t d, const void *q_ro
 
 /* rows x (8 cols) columns of O from c0, kept in registers over the tile's
  * keys; the last of the `cols` vectors holds `last` (1 to 8) columns below
- * d. The packed V rows are padded to ldv (a multiple of 16) with zeros, so
+ * d. The packed V panel's rows are padded to 16 columns with zeros, so
  * V loads whole vectors. The block is units [first, first + rows *
  * columns) of the call's `total`. */
 PA_INLINE void pv_block(const int rows, const int cols, size_t last, size_t n, const float *p,
-                        size_t ldp, const float *v, size_t ldv, float *o, size_t ldo,
-                        const float *rescale, pa_prefetch *prefetch, size_t first, size_t total) {
+                        size_t ldp, const float *v, float *o, size_t ldo, const float *rescale,
+                        pa_prefetch *prefetch, size_t first, size_t total) {
   size_t columns = 8 * (size_t)(cols - 1) + last;
   pa_prefetch_span(prefetch, first, (size_t)rows * columns, total, pa_packed_steps(n));
   const __m256i tail = pa256_tail_mask(last);
@@ -143,7 +159,7 @@ PA_INLINE void pv_block(const int rows, const int cols, size_t last, size_t n, c
       acc[r][c] = pa256_scaled(before, scale);
     }
   }
-  for (size_t j = 0; j < n; j++, v += ldv) {
+  for (size_t j = 0; j < n; j++, v += 16) {
     pa_prefetch_packed(prefetch, j);
     __m256 vv[2];
     for (int c = 0; c < cols; c++) vv[c] = _mm256_loadu_ps(v + 8 * c);
@@ -167,13 +183,12 @@ static void pa_pv_packed_f32_avx2(size_t m, size_t n, size_t d, const float *p, 
                                   const void *v_packed, float *o, size_t ldo, const float *rescale,
                                   pa_prefetch *prefetch) {
   const float *v = v_packed;
-  size_t ldv = (d + 15) / 16 * 16;
   /* 16 columns at a time; the requests are spread over the row x column
    * products. */
   for (size_t c0 = 0; c0 < d; c0 += 16) {
     size_t columns = PA_MIN(d - c0, 16), last = columns > 8 ? columns - 8 : columns;
-#define PV_BLOCK(rows, i)                                                             \
-  pv_block(rows, cols, last, n, p + (i)*ldp, ldp, v + c0, ldv, o + (i)*ldo + c0, ldo, \
+#define PV_BLOCK(rows, i)                                                                \
+  pv_block(rows, cols, last, n, p + (i)*ldp, ldp, v_panel(v, c0), o + (i)*ldo + c0, ldo, \
            pa_rescale_from(rescale, i), prefetch, c0 * m + (i)*columns, m * d)
     if (columns > 8) {
       const int cols = 2;
