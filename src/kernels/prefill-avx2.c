@@ -206,7 +206,9 @@ void pa_prefill_kernels_avx2(pa_kernels *k) {
   PA_SET_PER_DTYPE(k->pack_v, pa_pack_v, avx2);
   k->qk_packed = pa_qk_packed_f32_avx2;
   k->pv_packed = pa_pv_packed_f32_avx2;
-  /* The direct kernels stay ahead up to 64 rows per KV head at least
-   * (docs/code-figures.md, packed_min_rows); a prompt's items have 128. */
-  k->packed_min_rows = 128;
+  /* Items of 16 rows per KV head or more take the packed kernels: with
+   * twelve accumulators and whole panels they overtook the direct ones
+   * between 4 rows and 16 on Zen 2 (docs/code-figures.md, AVX2
+   * packed_min_rows). */
+  k->packed_min_rows = 16;
 }
