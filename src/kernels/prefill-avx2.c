@@ -88,6 +88,19 @@ PA_DEFINE_PACK(bf16, pa256_load_bf16, 2)
 PA_DEFINE_PACK(e4m3, pa256_load_e4m3, 1)
 PA_DEFINE_PACK(e5m2, pa256_load_e5m2, 1)
 
+/* Runs STATEMENT with `cols`, a constant, set to the 8-lane vectors that
+ * hold `count` (1 to 16) keys or columns of a register block. */
+#define FOR_VECTORS(count, STATEMENT) \
+  do {                                \
+    if ((count) > 8) {                \
+      const int cols = 2;             \
+      STATEMENT;                      \
+    } else {                          \
+      const int cols = 1;             \
+      STATEMENT;                      \
+    }                                 \
+  } while (0)
+
 /* rows x (8 cols) scores: one broadcast of q per row and `cols` K^T loads
  * per e. Twelve accumulators (6 rows x 16 keys) hide the FMA latency,
  * which eight do not, and leave a register for K and one for Q. The block
@@ -127,13 +140,7 @@ static void pa_qk_packed_f32_avx2(size_t m, size_t n, size_t d, const void *q_ro
 #define QK_BLOCK(rows, i)                                                                    \
   qk_block(rows, cols, keys, d, q + (i)*ldq, ldq, k_panel(kt, k0, d), s + (i)*lds + k0, lds, \
            prefetch, k0 * m + (i)*keys, m * n)
-    if (keys > 8) {
-      const int cols = 2;
-      PA_PACKED_ROW_BLOCKS(m, QK_BLOCK);
-    } else {
-      const int cols = 1;
-      PA_PACKED_ROW_BLOCKS(m, QK_BLOCK);
-    }
+    FOR_VECTORS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
 #undef QK_BLOCK
   }
 }
@@ -190,13 +197,7 @@ static void pa_pv_packed_f32_avx2(size_t m, size_t n, size_t d, const float *p, 
 #define PV_BLOCK(rows, i)                                                                \
   pv_block(rows, cols, last, n, p + (i)*ldp, ldp, v_panel(v, c0), o + (i)*ldo + c0, ldo, \
            pa_rescale_from(rescale, i), prefetch, c0 * m + (i)*columns, m * d)
-    if (columns > 8) {
-      const int cols = 2;
-      PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
-    } else {
-      const int cols = 1;
-      PA_PACKED_ROW_BLOCKS(m, PV_BLOCK);
-    }
+    FOR_VECTORS(columns, PA_PACKED_ROW_BLOCKS(m, PV_BLOCK));
 #undef PV_BLOCK
   }
 }
