@@ -250,11 +250,11 @@ PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
 PA_INLINE float raw_max(const float *row, size_t n) {
   const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
   __m256 vmax = minus_inf;
-  for (size_t j = 0; j < n; j += 8) {
-    size_t count = n - j < 8 ? n - j : 8;
-    __m256 x = pa256_load_f32(row + j, count);
-    if (count < 8) x = _mm256_blendv_ps(minus_inf, x, _mm256_castsi256_ps(pa256_tail_mask(count)));
-    vmax = _mm256_max_ps(x, vmax);
+  size_t j = 0;
+  for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(_mm256_loadu_ps(row + j), vmax);
+  if (j < n) {
+    __m256 tail = _mm256_castsi256_ps(pa256_tail_mask(n - j));
+    vmax = _mm256_max_ps(_mm256_blendv_ps(minus_inf, pa256_load_f32(row + j, n - j), tail), vmax);
   }
   return reduce_max(vmax);
 }

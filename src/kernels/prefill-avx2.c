@@ -193,7 +193,7 @@ static void pa_pv_packed_f32_avx2(size_t m, size_t n, size_t d, const float *p, 
   /* 16 columns at a time; the requests are spread over the row x column
    * products. */
   for (size_t c0 = 0; c0 < d; c0 += 16) {
-    size_t columns = PA_MIN(d - c0, 16), last = columns > 8 ? columns - 8 : columns;
+    size_t columns = PA_MIN(d - c0, 16), last = (columns - 1) % 8 + 1;
 #define PV_BLOCK(rows, i)                                                                \
   pv_block(rows, cols, last, n, p + (i)*ldp, ldp, v_panel(v, c0), o + (i)*ldo + c0, ldo, \
            pa_rescale_from(rescale, i), prefetch, c0 * m + (i)*columns, m * d)
