@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from engines import SCRATCH, assert_greedy_agrees, run_engine
+from engines import SCRATCH, StockRefused, assert_greedy_agrees, run_engine
 from tiny_models import write_model
 
 import pagedattn
@@ -71,10 +71,19 @@ def test_llama_block_sizes(block_size):
 
 
 def test_fp8_cache_matches_stock_fp8():
+    """Against vLLM's own FP8 cache where this CPU lets vLLM have one (AVX-512 or AMX); where
+    vLLM refuses it, against its f32 cache. An e4m3 cache moves logprobs by a few 1e-2, so the
+    tokens may part at near-ties only, either way."""
     ours = run_engine(spec("llama", kv_cache_dtype="fp8"))
-    stock = run_engine(spec("llama", kv_cache_dtype="fp8"), pagedattn=False)
     assert ours["impls"] == [PAGEDATTN_IMPL]
-    for note in assert_greedy_agrees(ours, stock, 0.05, "tiny llama, fp8 cache"):
+    try:
+        stock = run_engine(spec("llama", kv_cache_dtype="fp8"), pagedattn=False)
+        label = "tiny llama, fp8 cache"
+    except StockRefused as refusal:
+        print(f"vLLM's own backend refuses an FP8 cache here ({refusal}); reference: its f32 cache")
+        stock = run_engine(spec("llama"), pagedattn=False)
+        label = "tiny llama, fp8 cache against stock's f32 cache"
+    for note in assert_greedy_agrees(ours, stock, 0.05, label):
         print(note)
 
 
