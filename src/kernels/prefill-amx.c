@@ -217,33 +217,35 @@ static const char *pv_b(const pa_pv_source *v, size_t t, size_t offset, uint32_t
   return v->step[t] + offset;
 }
 
-/* O rows [0, PA_TILE_ROWS) times their rescale factors (a zero factor
- * discards the row, which may be uninitialised), before the tiles add P V. */
-static void rescale_rows(float *o, size_t ldo, size_t d, const float *rescale, size_t rows) {
-  if (!rescale) return;
+/* The tiles' sums of 32 rows x 32 columns (acc, rows of 32) added to O:
+ * O = O * rescale + acc, row by row (a zero factor discards O's row, which
+ * may be uninitialised; NULL: 1). On vector registers, after the tiles:
+ * tile loads of O just written by vector stores would wait for them. */
+static void add_sums(float *o, size_t ldo, const float (*acc)[32], const float *rescale,
+                     size_t rows) {
   for (size_t r = 0; r < rows; r++) {
-    float f = rescale[r];
-    if (f == 1.0f) continue;
-    for (size_t c = 0; c < d; c += 16) {
-      __mmask16 mask = pa512_tail_mask(d - c);
-      __m512 x = f == 0.0f ? _mm512_setzero_ps()
-                           : _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, o + r * ldo + c),
-                                           _mm512_set1_ps(f));
-      _mm512_mask_storeu_ps(o + r * ldo + c, mask, x);
+    float f = rescale ? rescale[r] : 1.0f;
+    __m512 lo = _mm512_loadu_ps(acc[r]), hi = _mm512_loadu_ps(acc[r] + 16);
+    if (f != 0.0f) {
+      __m512 factor = _mm512_set1_ps(f);
+      lo = _mm512_fmadd_ps(_mm512_loadu_ps(o + r * ldo), factor, lo);
+      hi = _mm512_fmadd_ps(_mm512_loadu_ps(o + r * ldo + 16), factor, hi);
     }
+    _mm512_storeu_ps(o + r * ldo, lo);
+    _mm512_storeu_ps(o + r * ldo + 16, hi);
   }
 }
 
-/* O for 32 rows x the column groups at byte offsets c0 and c1 (16 columns
- * each) += P (bf16, two row blocks) V over every step. */
+/* acc (32 rows x the column groups at byte offsets c0 and c1, 16 columns
+ * each) = P (bf16, two row blocks) V over every step. */
 static void pv_block_2x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_KEYS], size_t c0,
-                         size_t c1, float *o, size_t ldo) {
-  const size_t lda = PA_PAIR_KEYS * 2, ldc = ldo * 4;
+                         size_t c1, float (*acc)[32]) {
+  const size_t lda = PA_PAIR_KEYS * 2, ldc = 32 * 4;
   uint32_t tail[2][16][16];
-  _tile_loadd(PA_C00, o, ldc);
-  _tile_loadd(PA_C01, o + 16, ldc);
-  _tile_loadd(PA_C10, o + PA_TILE_ROWS * ldo, ldc);
-  _tile_loadd(PA_C11, o + PA_TILE_ROWS * ldo + 16, ldc);
+  _tile_zero(PA_C00);
+  _tile_zero(PA_C01);
+  _tile_zero(PA_C10);
+  _tile_zero(PA_C11);
   for (size_t t = 0; t < v->steps; t++) {
     size_t ld0, ld1, j = t * PA_TILE_STEP;
     const char *b0 = pv_b(v, t, c0, tail[0], &ld0), *b1 = pv_b(v, t, c1, tail[1], &ld1);
@@ -256,19 +258,19 @@ static void pv_block_2x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_
     _tile_dpbf16ps(PA_C10, PA_A1, PA_B0);
     _tile_dpbf16ps(PA_C11, PA_A1, PA_B1);
   }
-  _tile_stored(PA_C00, o, ldc);
-  _tile_stored(PA_C01, o + 16, ldc);
-  _tile_stored(PA_C10, o + PA_TILE_ROWS * ldo, ldc);
-  _tile_stored(PA_C11, o + PA_TILE_ROWS * ldo + 16, ldc);
+  _tile_stored(PA_C00, acc[0], ldc);
+  _tile_stored(PA_C01, acc[0] + 16, ldc);
+  _tile_stored(PA_C10, acc[PA_TILE_ROWS], ldc);
+  _tile_stored(PA_C11, acc[PA_TILE_ROWS] + 16, ldc);
 }
 
 /* The same for one row block (the configuration's rows). */
 static void pv_block_1x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_KEYS], size_t c0,
-                         size_t c1, float *o, size_t ldo) {
-  const size_t lda = PA_PAIR_KEYS * 2, ldc = ldo * 4;
+                         size_t c1, float (*acc)[32]) {
+  const size_t lda = PA_PAIR_KEYS * 2, ldc = 32 * 4;
   uint32_t tail[2][16][16];
-  _tile_loadd(PA_C00, o, ldc);
-  _tile_loadd(PA_C01, o + 16, ldc);
+  _tile_zero(PA_C00);
+  _tile_zero(PA_C01);
   for (size_t t = 0; t < v->steps; t++) {
     size_t ld0, ld1;
     const char *b0 = pv_b(v, t, c0, tail[0], &ld0), *b1 = pv_b(v, t, c1, tail[1], &ld1);
@@ -278,8 +280,22 @@ static void pv_block_1x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_
     _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
     _tile_dpbf16ps(PA_C01, PA_A0, PA_B1);
   }
-  _tile_stored(PA_C00, o, ldc);
-  _tile_stored(PA_C01, o + 16, ldc);
+  _tile_stored(PA_C00, acc[0], ldc);
+  _tile_stored(PA_C01, acc[0] + 16, ldc);
+}
+
+/* A block's sums waiting to be added to O (add_sums) while the next
+ * block's products run: vector loads of a tile store's bytes right after it
+ * wait for the store to complete. */
+typedef struct pa_pending_sums {
+  float *o;
+  const float *rescale;
+  size_t rows;
+} pa_pending_sums;
+
+static void add_pending(pa_pending_sums *pending, size_t ldo, const float (*acc)[32]) {
+  if (pending->o) add_sums(pending->o, ldo, acc, pending->rescale, pending->rows);
+  pending->o = NULL;
 }
 
 /* O[i][:] = O[i][:] * rescale[i] + P[i][:n] V for i < m; d a multiple of 32. */
@@ -287,6 +303,9 @@ static void pv_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp, con
                    float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS;
   uint16_t pairs[2 * PA_TILE_ROWS][PA_PAIR_KEYS];
+  float acc[2][2 * PA_TILE_ROWS][32];
+  pa_pending_sums pending = {NULL, NULL, 0};
+  size_t block = 0;
   load_tile_config(PA_TILE_ROWS);
   for (size_t i = 0; i < m;) {
     int two = i + 2 * PA_TILE_ROWS <= whole;
@@ -295,18 +314,20 @@ static void pv_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp, con
     pa_prefetch_span(prefetch, i, rows, m, d / 32);
     /* zeros past n, to a multiple of 32 */
     pack_pairs((int)rows, n, p + i * ldp, ldp, (uint32_t(*)[PA_PAIR_KEYS / 2]) pairs);
-    rescale_rows(o + i * ldo, ldo, d, pa_rescale_from(rescale, i), rows);
-    for (size_t c = 0; c < d; c += 32) {
+    for (size_t c = 0; c < d; c += 32, block ^= 1) {
       size_t c0 = c / 16 * v->group_bytes, c1 = c0 + v->group_bytes;
       if (two) {
-        pv_block_2x2(v, pairs, c0, c1, o + i * ldo + c, ldo);
+        pv_block_2x2(v, pairs, c0, c1, acc[block]);
       } else {
-        pv_block_1x2(v, pairs, c0, c1, o + i * ldo + c, ldo);
+        pv_block_1x2(v, pairs, c0, c1, acc[block]);
       }
+      add_pending(&pending, ldo, (const float(*)[32])acc[block ^ 1]);
+      pending = (pa_pending_sums){o + i * ldo + c, pa_rescale_from(rescale, i), rows};
       pa_prefetch_step(prefetch, c / 32 + 1);
     }
     i += rows;
   }
+  add_pending(&pending, ldo, (const float(*)[32])acc[block ^ 1]);
   _tile_release();
 }
 
