@@ -92,9 +92,10 @@ static int item_is_packed(const pa_attention_call *c, const pa_plan_item *item) 
   return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin) >= c->ops->packed_min_rows;
 }
 
-/* Items that run the packed loop (packed_tile): packed items, and every
- * item over a tiled cache whose tiles the kernels read in place. */
-static int item_in_packed_loop(const pa_attention_call *c, const pa_plan_item *item) {
+/* Items whose Q the packed kernels' loader takes: packed items, and every
+ * item over a tiled cache whose tiles the kernels read in place (the
+ * tiles' kernels share the packed kernels' Q). */
+static int takes_packed_q(const pa_attention_call *c, const pa_plan_item *item) {
   return item_is_packed(c, item) || reads_tiles(c);
 }
 
@@ -152,7 +153,7 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
   int64_t q_start = plan->q_starts[item->seq];
   int64_t q_len = plan->q_starts[item->seq + 1] - q_start, k_len = plan->kv_lens[item->seq];
   size_t m = pa_item_rows(item);
-  pa_load_row_fn load_q = item_in_packed_loop(c, item) ? c->ops->load_q_packed : c->ops->load_q;
+  pa_load_row_fn load_q = takes_packed_q(c, item) ? c->ops->load_q_packed : c->ops->load_q;
   *lo = INT64_MAX;
   *hi = INT64_MIN;
   for (size_t i = 0; i < m; i++) {
@@ -323,8 +324,8 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
   size_t heads = (size_t)(item->head_end - item->head_begin) / kv_count;
   size_t group = all_visible ? m_kv : PA_MAX(PA_PARTIAL_TILE_ROWS / heads, 1) * heads;
   int tiles = reads_tiles(c);
-  /* The tiles' kernels take requests on a direct item (a decode streaming
-   * its keys), not on a packed one (docs/xeon-amx.md). */
+  /* Kernels that compute a tile faster than its requests pay back take
+   * none (AMX; docs/xeon-amx.md). */
   pa_prefetch *requests = c->ops->packed_unprefetched ? NULL : ahead;
   for (size_t kv = 0; kv < kv_count; kv++) {
     const void **k = NULL, **v = NULL;
@@ -383,23 +384,40 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     lines += (ahead->bytes[r] + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
   size_t budget = (lines + 2 * kv_count - 1) / (2 * kv_count); /* per kernel call */
 
-  if (item_in_packed_loop(c, item)) {
+  if (item_is_packed(c, item)) {
     packed_tile(c, item, s, first, n, k_rows, v_rows, spare, ahead, budget, all_visible);
     return;
   }
+  /* A direct item over tiles the kernels read in place takes the tiles'
+   * products in this loop's order: one softmax for all its KV heads. */
+  int tiles = reads_tiles(c);
+  pa_prefetch *requests = tiles && c->ops->packed_unprefetched ? NULL : ahead;
   for (size_t kv = 0; kv < kv_count; kv++) {
     size_t r0 = kv * m_kv;
+    const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
     pa_prefetch_begin(ahead, budget);
-    c->ops->qk(m_kv, n, d, (const char *)s->q + r0 * ldq * c->ops->q_size, ldq,
-               head_rows(c, s, k_rows, n, kv, 0, spare[kv & 1][0]), s->s + r0 * tile, tile, ahead);
+    if (tiles) {
+      c->ops->qk_tiled(m_kv, n, d, q, ldq, head_anchors(c, k_rows, n, kv, spare[kv & 1][0]),
+                       s->s + r0 * tile, tile, requests);
+    } else {
+      c->ops->qk(m_kv, n, d, q, ldq, head_rows(c, s, k_rows, n, kv, 0, spare[kv & 1][0]),
+                 s->s + r0 * tile, tile, ahead);
+    }
   }
   softmax_rows(c, s, first, n, 0, m, all_visible);
   for (size_t kv = 0; kv < kv_count; kv++) {
     size_t r0 = kv * m_kv;
+    float *o = s->o + r0 * s->ldo;
     pa_prefetch_begin(ahead, budget);
-    c->ops->pv(m_kv, n, d, s->s + r0 * tile, tile,
-               head_rows(c, s, v_rows, n, kv, 1, spare[kv & 1][1]), s->o + r0 * s->ldo, s->ldo,
-               s->rescale + r0, ahead);
+    if (tiles) {
+      c->ops->pv_tiled(m_kv, n, d, s->s + r0 * tile, tile,
+                       head_anchors(c, v_rows, n, kv, spare[kv & 1][1]), (size_t)c->kv.block_size,
+                       s->v_packed, o, s->ldo, s->rescale + r0, requests);
+    } else {
+      c->ops->pv(m_kv, n, d, s->s + r0 * tile, tile,
+                 head_rows(c, s, v_rows, n, kv, 1, spare[kv & 1][1]), o, s->ldo, s->rescale + r0,
+                 ahead);
+    }
   }
 }
 
