@@ -292,13 +292,6 @@ static const void **head_rows(const pa_attention_call *c, const pa_item_scratch 
   return spare;
 }
 
-/* Rows per call of the packed kernels on a tile that some rows see only in
- * part (the causal diagonal): each group of whole query tokens takes only
- * the keys its rows see, so the masked keys past the group are not
- * computed; groups of 8 register blocks of 6 rows keep the blocks full
- * (docs/code-figures.md, PA_PARTIAL_TILE_ROWS). */
-enum { PA_PARTIAL_TILE_ROWS = 48 };
-
 /* The keys of [first, first + n) that rows [r0, r0 + m) see some of: a
  * prefix of the tile, empty when none of them sees any. */
 static size_t seen_prefix(const pa_item_scratch *s, size_t r0, size_t m, int64_t first, size_t n) {
@@ -322,7 +315,10 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
   size_t kv_count = (size_t)(item->kv_end - item->kv_begin);
   size_t m_kv = pa_item_rows(item) / kv_count, ldq = q_stride(d);
   size_t heads = (size_t)(item->head_end - item->head_begin) / kv_count;
-  size_t group = all_visible ? m_kv : PA_MAX(PA_PARTIAL_TILE_ROWS / heads, 1) * heads;
+  /* A tile some rows see only in part goes in groups of whole query tokens,
+   * each over only the keys its rows see: the masked keys past a group are
+   * not computed (pa_attn_ops.partial_tile_rows). */
+  size_t group = all_visible ? m_kv : PA_MAX(c->ops->partial_tile_rows / heads, 1) * heads;
   int tiles = reads_tiles(c);
   /* Kernels that compute a tile faster than its requests pay back take
    * none (AMX; docs/xeon-amx.md). */

@@ -180,6 +180,7 @@ void pa_kernels_build(pa_isa isa, int bf16_dot, pa_kernels *kernels) {
       }
       if (!ops->load_q_packed) ops->load_q_packed = ops->load_q;
       if (!ops->packed_min_rows) ops->packed_min_rows = kernels->packed_min_rows;
+      if (!ops->partial_tile_rows) ops->partial_tile_rows = PA_PARTIAL_TILE_ROWS;
       if (!ops->qk_packed) {
         ops->pack_k = kernels->pack_k[cache];
         ops->pack_v = kernels->pack_v[cache];

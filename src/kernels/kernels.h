@@ -109,6 +109,10 @@ typedef void (*pa_softmax_fn)(const pa_softmax_tile *tile, float *s, size_t lds)
  * pa_packed_bytes(d). */
 enum { PA_PACK_KEYS = 128 };
 
+/* pa_attn_ops.partial_tile_rows by default: 8 register blocks of 6 rows
+ * (docs/code-figures.md, PA_PARTIAL_TILE_ROWS). */
+enum { PA_PARTIAL_TILE_ROWS = 48 };
+
 static inline size_t pa_packed_bytes(size_t d) {
   return (size_t)PA_PACK_KEYS * ((d + 31) / 32 * 32) * sizeof(float);
 }
@@ -174,6 +178,11 @@ typedef struct pa_attn_ops {
    * beat the direct ones from DRAM (the family's f32 figure unless the pair
    * sets its own; docs/decode-memory.md). */
   size_t packed_min_rows;
+  /* Rows per packed call on a tile that some rows see only in part (the
+   * causal diagonal), in groups of whole query tokens, each over only the
+   * keys its rows see: whole register blocks of the pair's packed kernels
+   * (PA_PARTIAL_TILE_ROWS unless the pair sets its own). */
+  size_t partial_tile_rows;
   /* The packed kernels are given no requests for the next tile: they
    * compute a tile faster than issuing its requests pays back (AMX). */
   int packed_unprefetched;

@@ -423,6 +423,10 @@ void pa_prefill_kernels_amx(pa_kernels *k) {
     /* Requests for the next tile cost more issue time than they save here
      * (docs/xeon-amx.md); the tiles' reads are in order within a block. */
     ops->packed_unprefetched = 1;
+    /* Diagonal groups of whole 2 x 2 blocks of tiles (two row blocks of 16
+     * each), not the vector kernels' 6-row blocks (docs/code-figures.md,
+     * PA_PARTIAL_TILE_ROWS). */
+    ops->partial_tile_rows = 4 * PA_TILE_ROWS;
   }
   pa_attn_ops *tiled = &k->attn[PA_BF16][PA_BF16];
   tiled->qk_tiled = pa_qk_tiled_bf16_amx;
