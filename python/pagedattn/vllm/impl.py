@@ -136,7 +136,12 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         self.ctx = worker_context()
         self._cache_code = _CACHE_CODES.get(kv_cache_dtype, -1)
         self._alibi_slopes = alibi_slopes
+        # Sinks are the layer's weights: at construction their tensor holds whatever its
+        # allocation held (NaN included), so the layer checked here takes zeros in their place,
+        # and the one that serves takes their values once loaded (process_weights_after_loading,
+        # or the first step for a caller that loads them otherwise).
         self._sinks = sinks
+        self._sinks_loaded = sinks is None
         # Decoder layers of a non-causal batch (vLLM's bidirectional decoders) see every key
         # of their sequence: the library's cross-attention masking, made when first needed.
         self._bidirectional: Any = None
@@ -150,7 +155,9 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         self._cache_entry: tuple | None = None
 
     def _make_layer(self, attn_type: str) -> Any:
-        sinks = None if self._sinks is None else self._sinks.float().tolist()
+        sinks = None
+        if self._sinks is not None:
+            sinks = self._sinks.float().tolist() if self._sinks_loaded else [0.0] * self.num_heads
         return _ext.Layer(
             self.num_heads,
             self.num_kv_heads,
@@ -165,8 +172,9 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         """Sinks are the layer's weights, loaded after construction: the library's copy of
-        them is made again from the loaded values."""
+        them is made from the loaded values (non-finite ones raise pagedattn.Error)."""
         if self._sinks is not None:
+            self._sinks_loaded = True
             self.layer = self._make_layer(self.attn_type)
             self._bidirectional = None
 
@@ -224,6 +232,8 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
             raise NotImplementedError("pagedattn: fused output quantization is not supported")
         if attn_metadata is None:
             return output  # the engine's warm-up
+        if not self._sinks_loaded:
+            self.process_weights_after_loading(query.dtype)
         md = attn_metadata
         if not self._paged:  # encoders: bidirectional over the batch's own rows
             if not _announced:

@@ -14,10 +14,10 @@ from helpers import activations, same_bytes, untile
 from oracle import assert_close, attend, gather, to_f64
 
 import pagedattn
-from pagedattn import _ext
 
 pytest.importorskip("vllm")
-from pagedattn.vllm.backend import PagedAttnMetadata
+from steps import metadata
+
 from pagedattn.vllm.impl import PagedAttnImpl
 
 HEADS, KV_HEADS, D, BS, NB = 14, 2, 64, 32, 6
@@ -30,21 +30,6 @@ def test_bad_layout_variable(monkeypatch):
         match=r"PAGEDATTN_KV_LAYOUT = 'diagonal' is not 'rows', 'tiled' or 'auto'",
     ):
         PagedAttnImpl(HEADS, D, 0.125, KV_HEADS)
-
-
-def metadata(query_lens, seq_lens, tables, slots) -> PagedAttnMetadata:
-    qsl = torch.tensor(np.concatenate(([0], np.cumsum(query_lens))), dtype=torch.int32)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    table = torch.tensor(tables, dtype=torch.int32)
-    return PagedAttnMetadata(
-        num_actual_tokens=int(qsl[-1]),
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-        query_start_loc=qsl,
-        seq_lens=lens,
-        causal=True,
-        batch=_ext.Batch(qsl, lens, table, torch.tensor(slots, dtype=torch.int64)),
-    )
 
 
 @pytest.mark.parametrize("setting", ["auto", "rows", "tiled", ""])
