@@ -27,8 +27,8 @@ static int activation_rows(const pyx_tensor *t, const char *name, const pa_layer
                            int64_t need, int64_t *stride) {
   int64_t rows;
   if (pyx_tensor_activation(t, name) < 0 ||
-      pyx_tensor_rows(t, name, "num_heads * head_size", (int64_t)c->num_heads * c->head_size, &rows,
-                      stride) < 0) {
+      pyx_tensor_rows(t, name, "num_heads * head_size", (int64_t)c->num_heads * c->head_size,
+                      c->head_size, &rows, stride) < 0) {
     return -1;
   }
   if (need > rows) {
@@ -163,10 +163,10 @@ PyObject *pyx_varlen_attention(PyObject *self, PyObject *const *args, Py_ssize_t
   pyx_tensor *out = value ? take(&all, args[7], "out", 1) : NULL;
   if (!out || activation_rows(query, "query", c, rows, &query_stride) < 0 ||
       output_rows(out, query, c, rows, &out_stride) < 0 ||
-      pyx_tensor_rows(key, "key", "num_kv_heads * head_size", kv_width, &key_rows, &key_stride) <
-          0 ||
-      pyx_tensor_rows(value, "value", "num_kv_heads * head_size", kv_width, &value_rows,
-                      &value_stride) < 0 ||
+      pyx_tensor_rows(key, "key", "num_kv_heads * head_size", kv_width, c->head_size, &key_rows,
+                      &key_stride) < 0 ||
+      pyx_tensor_rows(value, "value", "num_kv_heads * head_size", kv_width, c->head_size,
+                      &value_rows, &value_stride) < 0 ||
       lse_arg(&all, args[8], "lse", c->num_heads, rows, 0, &lse) < 0) {
     goto done;
   }
@@ -225,7 +225,8 @@ PyObject *pyx_merge_states(PyObject *self, PyObject *const *args, Py_ssize_t nar
   for (int i = 0; i < 3; i++) {
     if (!(sides[i] = take(&all, objs[i], names[i], i == 2)) ||
         pyx_tensor_activation(sides[i], names[i]) < 0 ||
-        pyx_tensor_rows(sides[i], names[i], "num_heads * head_size", width, &n, strides[i]) < 0) {
+        pyx_tensor_rows(sides[i], names[i], "num_heads * head_size", width, head_size, &n,
+                        strides[i]) < 0) {
       goto done;
     }
     if (sides[i]->elem != sides[0]->elem) {
@@ -330,6 +331,13 @@ static PyObject *forward_args(PyObject *const *args, long calls) {
       pyx_invalid(
           "key and value are given but the batch has no slot_mapping to write them "
           "through");
+      goto done;
+    }
+    /* A decoder's new tokens are its query rows: each needs its slot, or the attention
+     * reads keys that were never written. (Cross-attention writes the encoder's tokens.) */
+    if (c->attn_type == PA_ATTN_DECODER && batch->num_slots < rows) {
+      pyx_invalid("slot_mapping has %lld entries; the batch has %lld new tokens, one slot each",
+                  (long long)batch->num_slots, (long long)rows);
       goto done;
     }
     if (!(key = take(&all, args[4], "key", 0)) || !(value = take(&all, args[5], "value", 0)) ||

@@ -367,9 +367,10 @@ int pyx_kv_rows(const pyx_tensor *key, const pyx_tensor *value, const pa_kv_cach
                 int64_t tokens, int64_t *key_stride, int64_t *value_stride) {
   int64_t width = (int64_t)cache->num_kv_heads * cache->head_size, key_rows, value_rows;
   if (pyx_tensor_activation(key, "key") < 0 ||
-      pyx_tensor_rows(key, "key", "num_kv_heads * head_size", width, &key_rows, key_stride) < 0 ||
-      pyx_tensor_rows(value, "value", "num_kv_heads * head_size", width, &value_rows,
-                      value_stride) < 0) {
+      pyx_tensor_rows(key, "key", "num_kv_heads * head_size", width, cache->head_size, &key_rows,
+                      key_stride) < 0 ||
+      pyx_tensor_rows(value, "value", "num_kv_heads * head_size", width, cache->head_size,
+                      &value_rows, value_stride) < 0) {
     return -1;
   }
   if (value->elem != key->elem) {

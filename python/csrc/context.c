@@ -122,6 +122,7 @@ static int context_init(PyObject *self, PyObject *args, PyObject *kwargs) {
 
 static void context_dealloc(PyObject *self) {
   pyx_context *c = (pyx_context *)self;
+  if (c->weakrefs) PyObject_ClearWeakRefs(self);
   /* A parent's context is left to the parent: destroying it would join
    * threads this process does not have. */
   if (c->ctx && c->generation == fork_generation) {
@@ -266,6 +267,7 @@ static PyGetSetDef context_getset[] = {
 PyTypeObject pyx_context_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pagedattn.Context",
     .tp_basicsize = sizeof(pyx_context),
+    .tp_weaklistoffset = offsetof(pyx_context, weakrefs),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc =
         "Context(num_threads=None)\n\n"

@@ -66,11 +66,11 @@ size_t pyx_elem_size(pyx_elem elem);
 /* Writes the shape as "[2, 3, 4]" into buf. */
 const char *pyx_shape_string(const pyx_tensor *t, char *buf, size_t size);
 
-/* The tensor as rows: dimension 0 counts rows, the others must be dense
- * (C order) and hold `width` elements in all. *stride: elements from one row
- * to the next. Returns 0 or -1 with pagedattn.Error set. */
+/* The tensor as rows of heads: [rows, width] or [rows, width / head_size,
+ * head_size], dimensions past the first dense (C order). *stride: elements
+ * from one row to the next. Returns 0 or -1 with pagedattn.Error set. */
 int pyx_tensor_rows(const pyx_tensor *t, const char *name, const char *width_what, int64_t width,
-                    int64_t *rows, int64_t *stride);
+                    int64_t head_size, int64_t *rows, int64_t *stride);
 /* A dense 1-D array of `elem` (any length). */
 int pyx_tensor_vector(const pyx_tensor *t, const char *name, pyx_elem elem);
 /* Requires t->elem to be an activation dtype (f32, f16, bf16). */
@@ -85,6 +85,7 @@ typedef struct pyx_context {
   int openmp;               /* runs on the OpenMP team (threads='openmp') */
   int timing;               /* Context.timing: add each library call's time to library_ns */
   unsigned long long library_ns;
+  PyObject *weakrefs; /* a context can key weak mappings (pagedattn.metadata.step_key) */
 } pyx_context;
 
 extern PyTypeObject pyx_context_type;

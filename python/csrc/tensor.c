@@ -283,11 +283,17 @@ const char *pyx_shape_string(const pyx_tensor *t, char *buf, size_t size) {
 }
 
 int pyx_tensor_rows(const pyx_tensor *t, const char *name, const char *width_what, int64_t width,
-                    int64_t *rows, int64_t *stride) {
+                    int64_t head_size, int64_t *rows, int64_t *stride) {
   char shape[160];
-  if (t->ndim < 2) {
-    pyx_invalid("%s has shape %s; it must have a dimension of rows and at least one more", name,
-                pyx_shape_string(t, shape, sizeof shape));
+  if (t->ndim != 2 && t->ndim != 3) {
+    pyx_invalid("%s has shape %s; it must be [rows, %s] or [rows, heads, head_size]", name,
+                pyx_shape_string(t, shape, sizeof shape), width_what);
+    return -1;
+  }
+  if (t->ndim == 3 && t->shape[2] != head_size) {
+    pyx_invalid("%s has shape %s: heads of %lld elements where head_size = %lld", name,
+                pyx_shape_string(t, shape, sizeof shape), (long long)t->shape[2],
+                (long long)head_size);
     return -1;
   }
   int64_t elements = 1;

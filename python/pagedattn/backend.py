@@ -65,6 +65,16 @@ class PagedAttentionBackend:
         impl's layout (``PagedAttentionImpl.cache_layout``: ``"rows"``, the tile
         ``[block_size, head_size]``, or ``"tiled"``); the shape is the same for both."""
         functions.kv_cache_dtype_code(cache_dtype_str)
+        for name, value, least in (
+            ("num_blocks", num_blocks, 0),
+            ("block_size", block_size, 1),
+            ("num_kv_heads", num_kv_heads, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+            if value < least:
+                raise functions.invalid(f"{name} = {value} must be >= {least}")
+        _ext.validate_head_size(head_size)
         return _ext.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
 
     @staticmethod

@@ -79,6 +79,8 @@ def invalid(message: str) -> Error:
 
 def kv_cache_dtype_code(kv_cache_dtype: str) -> int:
     """The extension's code for a ``kv_cache_dtype`` string."""
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"kv_cache_dtype must be a str, not {type(kv_cache_dtype).__name__}")
     try:
         return KV_CACHE_DTYPES[kv_cache_dtype]
     except (KeyError, TypeError):
@@ -152,6 +154,8 @@ def cache_dtype_name(tensor_dtype: Any, kv_cache_dtype: str) -> str | None:
 
 def attn_type_code(attn_type: str) -> int:
     """The library's pa_attn_type for an attention type name (``AttentionType`` values)."""
+    if not isinstance(attn_type, str):
+        raise TypeError(f"attn_type must be a str, not {type(attn_type).__name__}")
     try:
         return ATTN_TYPES[attn_type]
     except (KeyError, TypeError):
@@ -459,15 +463,30 @@ def block_cache(cache: Any, name: str, layout: str = "rows") -> _ext.KVCache:
 def block_pairs(block_mapping: Any) -> Tensor:
     """int64 ``[n, 2]`` (source, destination) pairs from a tensor, a sequence of pairs, or a
     dict ``{src: dst}`` / ``{src: [dst, ...]}``; pairs take effect in this order."""
+    pairs: list[tuple[int, int]] = []
     if isinstance(block_mapping, Mapping):
-        pairs: list[tuple[int, int]] = []
         for src, dst in block_mapping.items():
             targets = dst if isinstance(dst, Iterable) else (dst,)
-            pairs.extend((operator.index(src), operator.index(d)) for d in targets)
-        return np.array(pairs, dtype=np.int64).reshape(-1, 2)
-    if isinstance(block_mapping, Sequence):
-        return np.array(block_mapping, dtype=np.int64).reshape(-1, 2)
-    return block_mapping
+            pairs.extend(_block_pair((src, d), f"block_mapping[{src!r}]") for d in targets)
+    elif isinstance(block_mapping, Sequence):
+        pairs = [_block_pair(p, f"block_mapping[{i}]") for i, p in enumerate(block_mapping)]
+    else:
+        return block_mapping  # a tensor: the extension checks its shape and dtype
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+
+
+def _block_pair(pair: Any, name: str) -> tuple[int, int]:
+    """(source, destination) block ids, exactly two integers."""
+    if not hasattr(pair, "__len__") or isinstance(pair, (str, bytes)) or len(pair) != 2:
+        raise invalid(f"{name} = {pair!r} is not a (source, destination) pair of block ids")
+    try:
+        src, dst = operator.index(pair[0]), operator.index(pair[1])
+    except TypeError:
+        raise TypeError(f"{name} = {pair!r} must hold integer block ids") from None
+    limit = np.iinfo(np.int64)
+    if not (limit.min <= src <= limit.max and limit.min <= dst <= limit.max):
+        raise invalid(f"{name} = {pair!r} holds a block id outside int64")
+    return src, dst
 
 
 def copy_blocks(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import _ext
 from .backend import AttentionType
 from .functions import (
@@ -40,8 +42,10 @@ class PagedAttentionImpl:
     (it then writes none); ctx: the context to run on (None: the process's default).
     A configuration the library cannot serve raises here, not at the first forward.
 
-    kv_cache_layout: the order of the elements inside the cache's tiles, ``"rows"``,
-    ``"tiled"`` (block_size and head_size multiples of 16) or ``"auto"``:
+    kv_cache_layout: the order of the elements inside the cache's tiles, ``"rows"`` (the
+    default: the C API's block layout, which PYTHON.md's cache has and what
+    :func:`pagedattn.write_kv` and the functions read and write), ``"tiled"`` (block_size and
+    head_size multiples of 16) or ``"auto"``:
     :func:`pagedattn.kv_layout_preferred` for the first step's activation dtype, the cache's
     dtype, block size and head size, the layout this machine's kernels read fastest. The
     choice is made at the first forward over a non-empty cache and kept for the impl's life
@@ -65,7 +69,7 @@ class PagedAttentionImpl:
         kv_sharing_target_layer_name: str | None = None,
         sinks: Any = None,
         ctx: Context | None = None,
-        kv_cache_layout: str = "auto",
+        kv_cache_layout: str = "rows",
     ) -> None:
         if kv_cache_layout != "auto" and kv_cache_layout not in LAYOUTS:
             raise invalid(f"kv_cache_layout = {kv_cache_layout!r} is not 'auto', 'rows' or 'tiled'")
@@ -114,7 +118,7 @@ class PagedAttentionImpl:
         described: making its view then says why)."""
         per_block = self.num_kv_heads * self.head_size
         cache_dtype = cache_dtype_name(kv_cache.dtype, self.kv_cache_dtype)
-        if kv_cache.dim() != 3 or kv_cache.shape[2] % per_block or cache_dtype is None:
+        if kv_cache.ndim != 3 or kv_cache.shape[2] % per_block or cache_dtype is None:
             return "rows"
         return kv_layout_preferred(
             query.dtype, cache_dtype, kv_cache.shape[2] // per_block, self.head_size, ctx=self._ctx
@@ -129,7 +133,7 @@ class PagedAttentionImpl:
         if self._fp8 and layer is not None:
             scales = (float(layer._k_scale), float(layer._v_scale))
         cache = None
-        if kv_cache.numel() > 0:
+        if _elements(kv_cache) > 0:
             if self.cache_layout is None:
                 self.cache_layout = self._choose_layout(query, kv_cache)
             cache = _ext.KVCache.combined(
@@ -141,7 +145,7 @@ class PagedAttentionImpl:
                 self.cache_layout,
             )
         keys = self._scale_keys(layer) if self._fp8 else None
-        self._cache_entry = (kv_cache, kv_cache.data_ptr(), keys, cache)
+        self._cache_entry = (kv_cache, _address(kv_cache), keys, cache)
         return cache
 
     def forward(
@@ -169,18 +173,14 @@ class PagedAttentionImpl:
         if attn_metadata is None:
             return query  # the engine's warm-up
         if output is None:
-            import torch
-
-            output = torch.empty(
-                (query.shape[0], self.num_heads * self.head_size), dtype=query.dtype
-            )
+            output = _empty_like_rows(query, self.num_heads * self.head_size)
         if self._paged:
             # The hot path: the cache view and the step's batch and plan are found, not made.
             entry = self._cache_entry
             if (
                 entry is not None
                 and entry[0] is kv_cache
-                and entry[1] == kv_cache.data_ptr()
+                and entry[1] == _address(kv_cache)
                 and (not self._fp8 or entry[2] == self._scale_keys(layer))
             ):
                 cache = entry[3]
@@ -203,7 +203,7 @@ class PagedAttentionImpl:
             # Encoders attend over the batch's own rows.
             qsl = attn_metadata.query_start_loc
             _ext.varlen_attention(self._ctx, self._layer, query, key, value, qsl, qsl, output, None)
-        return output if output.dim() == 2 else output.view(output.shape[0], -1)
+        return _as_rows(output)
 
     def _without_cache(
         self,
@@ -234,3 +234,32 @@ class PagedAttentionImpl:
         _ext.varlen_attention(
             self._ctx, self._layer, query, key, value, md.query_start_loc, cu_k, output, None
         )
+
+
+def _elements(t: Any) -> int:
+    """Elements of a torch tensor or a numpy array."""
+    return int(t.numel()) if hasattr(t, "numel") else int(t.size)
+
+
+def _address(t: Any) -> int:
+    """Where a torch tensor's or a numpy array's data start."""
+    return int(t.data_ptr()) if hasattr(t, "data_ptr") else int(t.ctypes.data)
+
+
+def _empty_like_rows(query: Any, width: int) -> Any:
+    """An uninitialised [rows, width] output of query's kind (torch or numpy) and dtype."""
+    if isinstance(query, np.ndarray):
+        return np.empty((query.shape[0], width), dtype=query.dtype)
+    import torch
+
+    return torch.empty((query.shape[0], width), dtype=query.dtype)
+
+
+def _as_rows(output: Any) -> Any:
+    """output as [rows, num_heads * head_size], the same memory (a 3-D output is dense in its
+    last two dimensions: the library wrote it so)."""
+    if output.ndim == 2:
+        return output
+    if isinstance(output, np.ndarray):
+        return output.reshape(output.shape[0], -1)
+    return output.view(output.shape[0], -1)

@@ -5,6 +5,7 @@ layer of the step; the library's batch and plan are made from it once and reused
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +103,8 @@ class PagedAttentionMetadata:
         return step
 
 
-_step_keys: dict[tuple, object] = {}
+# By context, weakly: a context (and its threads) goes when its last user does.
+_step_keys: weakref.WeakKeyDictionary[Context, dict[tuple, object]] = weakref.WeakKeyDictionary()
 
 
 def step_key(ctx: Context, geometry: tuple[int, int, int], cross: bool) -> object:
@@ -110,7 +112,7 @@ def step_key(ctx: Context, geometry: tuple[int, int, int], cross: bool) -> objec
     attention), shared by every layer with them: a step's metadata keeps under it the batch
     and plan those layers use (an object hashes by identity, cheaper than a tuple at each
     call)."""
-    return _step_keys.setdefault((ctx, geometry, cross), object())
+    return _step_keys.setdefault(ctx, {}).setdefault((geometry, cross), object())
 
 
 def _tensor(values: np.ndarray) -> Tensor:
@@ -130,6 +132,13 @@ def _int_array(values: Any, name: str, dtype: type) -> np.ndarray:
         raise TypeError(f"{name} must be a list of ints or an integer tensor: {error}") from None
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name} must hold integers, not {array.dtype}")
+    if array.size and not np.can_cast(array.dtype, dtype):
+        limits = np.iinfo(dtype)
+        outside = np.nonzero((array < limits.min) | (array > limits.max))
+        if outside[0].size:
+            at = tuple(int(i[0]) for i in outside)
+            where = "".join(f"[{i}]" for i in at)
+            raise _out_of_range(f"{name}{where} = {array[at]} does not fit {np.dtype(dtype).name}")
     return np.ascontiguousarray(array, dtype=dtype)
 
 
@@ -198,12 +207,15 @@ class PagedAttentionMetadataBuilder:
         the new tokens' slots (the last query_lens[s] positions of each sequence) from the block
         tables; cross_slot_mapping None with cross_block_tables given: every encoder position's
         slot."""
-        q = _int_array(query_lens, "query_lens", np.int64).reshape(-1)
-        k = _int_array(seq_lens, "seq_lens", np.int64).reshape(-1)
+        q = _int_array(query_lens, "query_lens", np.int32).astype(np.int64).reshape(-1)
+        k = _int_array(seq_lens, "seq_lens", np.int32).astype(np.int64).reshape(-1)
         if q.shape != k.shape:
             raise invalid(f"query_lens has {q.size} entries; seq_lens has {k.size}")
         table = _table(block_tables, "block_tables", q.size)
-        starts = np.concatenate(([0], np.cumsum(q))).astype(np.int32)
+        starts = np.concatenate(([0], np.cumsum(q)))
+        if starts[-1] > np.iinfo(np.int32).max:
+            raise _out_of_range(f"query_lens add up to {starts[-1]}, more than int32 rows")
+        starts = starts.astype(np.int32)
         if slot_mapping is None:
             bad = np.nonzero((q < 0) | (q > k))[0]
             if bad.size:
@@ -220,7 +232,8 @@ class PagedAttentionMetadataBuilder:
         if encoder_seq_lens is None and cross_block_tables is not None:
             raise invalid("cross_block_tables is given without encoder_seq_lens")
         if encoder_seq_lens is not None:
-            enc = _int_array(encoder_seq_lens, "encoder_seq_lens", np.int64).reshape(-1)
+            enc = _int_array(encoder_seq_lens, "encoder_seq_lens", np.int32).astype(np.int64)
+            enc = enc.reshape(-1)
             if enc.size != q.size:
                 raise invalid(
                     f"encoder_seq_lens has {enc.size} entries; there are {q.size} sequences"

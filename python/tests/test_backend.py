@@ -428,3 +428,48 @@ def test_backend_copy_and_swap_tiled(seed):
     pool = torch.zeros((2, nb + 3, shape[2]), dtype=torch.bfloat16)
     PagedAttentionBackend.swap_blocks(kv_cache, pool, torch.tensor([[4, 8], [1, 0]]))
     assert torch.equal(reread(pool, [8, 0]), first)
+
+
+@pytest.mark.parametrize("attn_type", ["decoder", "encoder_only"])
+def test_forward_takes_numpy_arrays(attn_type):
+    """PYTHON.md's tensors are torch tensors or numpy arrays: the impl gives numpy arrays the
+    same bytes as torch tensors over the same data."""
+    heads, kv_heads, d, bs = 4, 2, 16, 4
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(5, n * d, generator=g) for n in (heads, kv_heads, kv_heads))
+    md = pagedattn.PagedAttentionMetadataBuilder(bs).build([3, 2], [3, 2], [[1], [0]])
+    results = []
+    for as_numpy in (False, True):
+        impl = pagedattn.PagedAttentionImpl(
+            heads, d, d**-0.5, kv_heads, attn_type=attn_type, kv_cache_layout="rows"
+        )
+        shape = pagedattn.PagedAttentionBackend.get_kv_cache_shape(2, bs, kv_heads, d)
+        kv_cache = torch.zeros(shape if attn_type == "decoder" else (0,))
+        args = [t.numpy() if as_numpy else t for t in (q, k, v, kv_cache)]
+        out = impl.forward(None, *args, md)
+        assert isinstance(out, np.ndarray) == as_numpy and tuple(out.shape) == (5, heads * d)
+        results.append((torch.as_tensor(out), torch.as_tensor(args[3])))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_default_cache_is_the_c_api_layout():
+    """PYTHON.md's kv_cache has the C API's block layout: by default the impl writes the new
+    K/V where write_kv puts them, also where the tiles would read faster (bf16, block 16)."""
+    heads, kv_heads, d, bs, nb = 4, 2, 64, 16, 3
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(20, n * d, generator=g).bfloat16() for n in (heads, kv_heads, kv_heads))
+    md = pagedattn.PagedAttentionMetadataBuilder(bs).build([20], [20], [[2, 0]])
+    impl = pagedattn.PagedAttentionImpl(heads, d, d**-0.5, kv_heads)
+    shape = pagedattn.PagedAttentionBackend.get_kv_cache_shape(nb, bs, kv_heads, d)
+    kv_cache = torch.zeros(shape, dtype=torch.bfloat16)
+    out = impl.forward(None, q, k, v, kv_cache, md)
+    assert impl.cache_layout == "rows"
+    want = torch.zeros(shape, dtype=torch.bfloat16)
+    views = [want[i].view(nb, kv_heads, bs, d) for i in (0, 1)]
+    pagedattn.write_kv(k.view(20, kv_heads, d), v.view(20, kv_heads, d), *views, md.slot_mapping)
+    assert torch.equal(kv_cache.view(torch.int16), want.view(torch.int16))
+    again = pagedattn.PagedAttentionImpl(heads, d, d**-0.5, kv_heads).forward(
+        None, q, None, None, want, md
+    )
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))

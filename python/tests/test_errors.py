@@ -309,10 +309,32 @@ CATALOGUE = [
     ),
     (
         "key of the wrong width",
+        lambda w: write(w, key=torch.randn(2, KVH * D + 2), value=torch.randn(2, KVH * D + 2)),
+        pagedattn.Error,
+        "invalid_argument",
+        r"key has shape \[2, 34\]: 34 elements per row where num_kv_heads \* head_size = 32",
+    ),
+    (
+        "key heads of the wrong size",
         lambda w: write(w, key=torch.randn(2, KVH, D + 1), value=torch.randn(2, KVH, D + 1)),
         pagedattn.Error,
         "invalid_argument",
-        r"key has shape \[2, 2, 17\]: 34 elements per row where num_kv_heads \* head_size = 32",
+        r"key has shape \[2, 2, 17\]: heads of 17 elements where head_size = 16",
+    ),
+    (
+        "key split into the wrong heads (the right width)",
+        lambda w: write(w, key=torch.randn(2, 2 * KVH, D // 2), value=torch.randn(2, KVH, D)),
+        pagedattn.Error,
+        "invalid_argument",
+        r"key has shape \[2, 4, 8\]: heads of 8 elements where head_size = 16",
+    ),
+    (
+        "key of four dimensions",
+        lambda w: write(w, key=torch.randn(2, KVH, 2, D // 2), value=torch.randn(2, KVH, D)),
+        pagedattn.Error,
+        "invalid_argument",
+        r"key has shape \[2, 2, 2, 8\]; it must be \[rows, num_kv_heads \* head_size\] or "
+        r"\[rows, heads, head_size\]",
     ),
     (
         "block pair outside the cache",
@@ -419,6 +441,80 @@ def test_forward_refuses_before_writing():
             output=output,
         )
     assert torch.equal(kv_cache, before) and torch.equal(output, torch.full((2, H * D), 3.0))
+
+
+def test_forward_refuses_a_short_slot_mapping():
+    """A decoder's every new token needs a slot: with fewer, the attention would read keys that
+    were never written."""
+    kv_cache = torch.randn(PagedAttentionBackend.get_kv_cache_shape(NB, BS, KVH, D))
+    before = kv_cache.clone()
+    impl = PagedAttentionImpl(H, D, 0.25, num_kv_heads=KVH, kv_cache_layout="rows")
+    md = PagedAttentionMetadataBuilder(BS).build([3], [3], [[1]], slot_mapping=[4])
+    output = torch.full((3, H * D), 3.0)
+    q, k, v = torch.randn(3, H * D), torch.randn(3, KVH * D), torch.randn(3, KVH * D)
+    with pytest.raises(
+        pagedattn.Error, match=r"slot_mapping has 1 entries; the batch has 3 new tokens"
+    ) as info:
+        impl.forward(None, q, k, v, kv_cache, md, output=output)
+    assert info.value.status == "invalid_argument"
+    assert torch.equal(kv_cache, before) and torch.equal(output, torch.full((3, H * D), 3.0))
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (([1], [1], [[2**32 + 1]]), r"block_tables\[0\]\[0\] = 4294967297 does not fit int32"),
+        (([1], [2**32 + 1], [[0]]), r"seq_lens\[0\] = 4294967297 does not fit int32"),
+        (([2**31], [2**31], [[0]]), r"query_lens\[0\] = 2147483648 does not fit int32"),
+    ],
+)
+def test_metadata_values_that_do_not_fit(args, pattern):
+    """Lengths and block ids are int32 in the library: a larger value is refused, not wrapped."""
+    with pytest.raises(pagedattn.Error, match=pattern) as info:
+        PagedAttentionMetadataBuilder(BS).build(*args)
+    assert info.value.status == "out_of_range"
+
+
+@pytest.mark.parametrize(
+    "mapping, exception, pattern",
+    [
+        ([[0, 1, 2, 3]], pagedattn.Error, r"block_mapping\[0\] = \[0, 1, 2, 3\] is not a"),
+        ([0, 3], pagedattn.Error, r"block_mapping\[0\] = 0 is not a \(source, destination\)"),
+        ([[0, 1], [2]], pagedattn.Error, r"block_mapping\[1\] = \[2\] is not a"),
+        ([(0.9, 2.7)], TypeError, r"block_mapping\[0\] = \(0.9, 2.7\) must hold integer"),
+        ({0: [1.5]}, TypeError, r"block_mapping\[0\] = \(0, 1.5\) must hold integer"),
+    ],
+)
+def test_block_mappings_that_are_not_pairs(mapping, exception, pattern):
+    kv_cache = torch.randn(PagedAttentionBackend.get_kv_cache_shape(NB, BS, KVH, D))
+    before = kv_cache.clone()
+    with pytest.raises(exception, match=pattern):
+        pagedattn.copy_blocks([kv_cache], mapping)
+    with pytest.raises(exception, match=pattern):
+        pagedattn.swap_blocks(kv_cache, kv_cache.clone(), mapping)
+    assert torch.equal(kv_cache, before)
+
+
+@pytest.mark.parametrize(
+    "args, exception, pattern",
+    [
+        ((10, 0, 4, 64), pagedattn.Error, r"block_size = 0 must be >= 1"),
+        ((-5, 16, 4, 64), pagedattn.Error, r"num_blocks = -5 must be >= 0"),
+        ((10, 16, -4, 64), pagedattn.Error, r"num_kv_heads = -4 must be >= 1"),
+        ((10, 16, 4, 0), pagedattn.Error, r"head_size = 0 is outside the supported range"),
+        ((10, 16.0, 4, 64), TypeError, r"block_size must be an int, not float"),
+    ],
+)
+def test_kv_cache_shape_refuses_bad_sizes(args, exception, pattern):
+    with pytest.raises(exception, match=pattern):
+        PagedAttentionBackend.get_kv_cache_shape(*args)
+
+
+def test_wrongly_typed_names_are_type_errors():
+    with pytest.raises(TypeError, match=r"kv_cache_dtype must be a str, not int"):
+        PagedAttentionImpl(4, 64, 0.1, kv_cache_dtype=5)
+    with pytest.raises(TypeError, match=r"attn_type must be a str, not NoneType"):
+        PagedAttentionImpl(4, 64, 0.1, attn_type=None)
 
 
 def test_impl_refuses_at_construction():

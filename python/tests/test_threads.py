@@ -4,8 +4,11 @@ threads serialises them; a steady-state forward allocates no tensor."""
 
 from __future__ import annotations
 
+import gc
+import itertools
 import threading
 import time
+import weakref
 
 import torch
 
@@ -66,29 +69,42 @@ def test_two_threads_match_sequential_calls():
             assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
+def longest_pause_during(call) -> tuple[float, float]:
+    """Runs call() on another thread while this one spins: the call's duration and this
+    thread's longest pause during it (a held GIL would pause it for the whole call)."""
+    started, done = threading.Event(), threading.Event()
+    span = []
+
+    def run():
+        started.set()
+        begin = time.perf_counter()
+        call()
+        span.append((begin, time.perf_counter()))
+        done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    started.wait()
+    stamps = []
+    while not done.is_set():
+        stamps.append(time.perf_counter())
+    t.join()
+    begin, end = span[0]
+    inside = [begin] + [s for s in stamps if begin < s < end] + [end]
+    return end - begin, max(b - a for a, b in itertools.pairwise(inside))
+
+
 def test_the_gil_is_released_during_a_call():
-    """While one thread is inside a long library call, another runs Python."""
+    """While one thread is inside a long library call, another runs Python throughout."""
     ctx = pagedattn.Context(1)
     heads, d, n = 8, 128, 2048
     q = torch.randn(n, heads, d)
     cu = torch.tensor([0, n], dtype=torch.int32)
-    done = threading.Event()
-    spins = 0
-
-    def call():
-        for _ in range(3):
-            pagedattn.varlen_attention(q, q, q, cu, cu, attn_type="decoder", ctx=ctx)
-        done.set()
-
-    t = threading.Thread(target=call)
-    start = time.perf_counter()
-    t.start()
-    while not done.is_set():
-        spins += 1
-    t.join()
-    elapsed = time.perf_counter() - start
-    # Held for the whole call, the GIL would let this loop run only at switch intervals.
-    assert elapsed > 0.05 and spins > 10000, (elapsed, spins)
+    duration, pause = longest_pause_during(
+        lambda: pagedattn.varlen_attention(q, q, q, cu, cu, attn_type="decoder", ctx=ctx)
+    )
+    assert duration > 0.05, f"a call of {duration:.3f} s is too short to tell"
+    assert pause < duration / 4, f"paused {pause:.3f} s of a {duration:.3f} s call"
 
 
 def test_a_shared_context_serialises_callers():
@@ -145,3 +161,17 @@ def test_openmp_team_context_gives_the_own_pool_bytes():
     a, b = workload(5, team)(), workload(5, own)()
     for x, y in zip(a, b, strict=True):
         assert torch.equal(x.view(torch.int16), y.view(torch.int16))
+
+
+def test_a_context_goes_with_its_last_user():
+    """An impl made over its own context keeps it only while the impl lives: the context (and
+    its threads) must not outlive every user, whatever the package keeps per context."""
+    ctx = pagedattn.Context(2)
+    impl = pagedattn.PagedAttentionImpl(2, 8, 0.3, 2, ctx=ctx)
+    md = pagedattn.PagedAttentionMetadataBuilder(4).build([1], [1], [[0]])
+    kv_cache = torch.zeros(pagedattn.PagedAttentionBackend.get_kv_cache_shape(1, 4, 2, 8))
+    impl.forward(None, torch.randn(1, 16), torch.randn(1, 16), torch.randn(1, 16), kv_cache, md)
+    gone = weakref.ref(ctx)
+    del impl, ctx, md
+    gc.collect()
+    assert gone() is None, "the context outlived its last user"

@@ -20,7 +20,12 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
     MultipleOf,
 )
-from vllm.v1.kv_cache_interface import AttentionSpec, EncoderOnlyAttentionSpec, KVCacheLayout
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
+    KVCacheLayout,
+)
 
 from .. import _ext
 
@@ -105,6 +110,23 @@ class PagedAttnMetadata:
     plans: dict[object, Any] = field(default_factory=dict)
 
 
+def cross_slot_mapping(m: CommonAttentionMetadata, block_size: int) -> torch.Tensor:
+    """The cache slots of the encoder's tokens for a cross-attention group: token j of request
+    i at ``block_table_tensor[i, j // block_size]``, for the requests whose encoder output
+    comes this step (``encoder_seq_lens_cpu`` not 0), in order.
+
+    vLLM's cross-attention builder hands the decoder's ``slot_mapping`` to this builder and
+    sets the encoder's on the metadata only after it returns; the batch, which writes the new
+    K/V, must have the encoder's."""
+    lens = torch.as_tensor(m.encoder_seq_lens_cpu, dtype=torch.int64)
+    table = m.block_table_tensor.to(torch.int64)
+    parts = []
+    for i in torch.nonzero(lens).flatten().tolist():
+        j = torch.arange(int(lens[i]), dtype=torch.int64)
+        parts.append(table[i, j // block_size] * block_size + j % block_size)
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+
 class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
     """Builds each step's :class:`PagedAttnMetadata`: the library batch over vLLM's tensors
     (no copy) and the plan for the group's layers."""
@@ -145,9 +167,12 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
             causal=bool(m.causal),
         )
         if not self.encoder_only:
-            md.batch = _ext.Batch(
-                m.query_start_loc, m.seq_lens, m.block_table_tensor, m.slot_mapping
+            slots = (
+                cross_slot_mapping(m, self.kv_cache_spec.block_size)
+                if isinstance(self.kv_cache_spec, CrossAttentionSpec)
+                else m.slot_mapping
             )
+            md.batch = _ext.Batch(m.query_start_loc, m.seq_lens, m.block_table_tensor, slots)
             # One plan per geometry of the group, made here once for every layer.
             for impl in self.impls:
                 if impl.step_key not in md.plans:
