@@ -99,7 +99,7 @@ static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c
       ops->qk_packed(m, n, d, q, ldq, k_packed, s, n, NULL);
     }
     double t2 = pab_now();
-    k->softmax(&tile, s, n);
+    (ops->packed_p_bf16_rows ? k->softmax_bf16_rows : k->softmax)(&tile, s, n);
     double t3 = pab_now();
     if (c->tiled_block) {
       ops->pv_tiled(m, n, d, s, n, v_rows, c->tiled_block, v_packed, o, d, rescale, NULL);

@@ -244,9 +244,10 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
   return count;
 }
 
-/* The online-softmax epilogue of rows [r0, r0 + m) over keys [first, first + n). */
+/* The online-softmax epilogue of rows [r0, r0 + m) over keys [first, first + n),
+ * for the packed and tiled P V kernels (`packed`) or the direct ones. */
 static void softmax_rows(const pa_attention_call *c, const pa_item_scratch *s, int64_t first,
-                         size_t n, size_t r0, size_t m, int all_visible) {
+                         size_t n, size_t r0, size_t m, int all_visible, int packed) {
   const pa_layer *layer = c->layer;
   size_t tile = (size_t)c->plan->key_tile;
   pa_softmax_tile t = {
@@ -264,7 +265,9 @@ static void softmax_rows(const pa_attention_call *c, const pa_item_scratch *s, i
       .rescale = s->rescale + r0,
       .bf16_weights = c->ops->p_bf16,
   };
-  c->kernels->softmax(&t, s->s + r0 * tile, tile);
+  pa_softmax_fn softmax =
+      packed && c->ops->packed_p_bf16_rows ? c->kernels->softmax_bf16_rows : c->kernels->softmax;
+  softmax(&t, s->s + r0 * tile, tile);
 }
 
 /* Rows (anchors, in a tiled cache) of KV head `kv` (of the item) for the
@@ -345,7 +348,7 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
       } else {
         c->ops->qk_packed(m, keys, d, q, ldq, s->k_packed, scores, tile, requests);
       }
-      softmax_rows(c, s, first, keys, r0, m, all_visible);
+      softmax_rows(c, s, first, keys, r0, m, all_visible, 1);
       pa_prefetch_begin(ahead, share);
       if (tiles) {
         c->ops->pv_tiled(m, keys, d, scores, tile, v, (size_t)c->kv.block_size, s->v_packed, o,
@@ -400,7 +403,7 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
                  s->s + r0 * tile, tile, ahead);
     }
   }
-  softmax_rows(c, s, first, n, 0, m, all_visible);
+  softmax_rows(c, s, first, n, 0, m, all_visible, tiles);
   for (size_t kv = 0; kv < kv_count; kv++) {
     size_t r0 = kv * m_kv;
     float *o = s->o + r0 * s->ldo;

@@ -268,20 +268,28 @@ typedef struct softmax_side {
   float *s, *row_max, *row_sum, *rescale;
 } softmax_side;
 
-/* Tile t through the family's softmax on `got` and the scalar one on `want`. */
+/* Tile t through the family's softmax on `got` and the scalar one on
+ * `want`, or their softmax_bf16_rows. */
 static void softmax_both(const pa_kernels *k, const pa_kernels *s, pa_softmax_tile t,
-                         softmax_side got, softmax_side want, size_t lds) {
+                         softmax_side got, softmax_side want, size_t lds, int bf16_rows) {
   t.row_max = got.row_max, t.row_sum = got.row_sum, t.rescale = got.rescale;
-  k->softmax(&t, got.s, lds);
+  (bf16_rows ? k->softmax_bf16_rows : k->softmax)(&t, got.s, lds);
   t.row_max = want.row_max, t.row_sum = want.row_sum, t.rescale = want.rescale;
-  s->softmax(&t, want.s, lds);
+  (bf16_rows ? s->softmax_bf16_rows : s->softmax)(&t, want.s, lds);
+}
+
+/* Weight j of a softmax_bf16_rows row. */
+static float bf16_weight(const float *row, size_t j) {
+  uint16_t bits;
+  memcpy(&bits, (const char *)row + j * 2, 2);
+  return pa_bf16_to_f32(bits);
 }
 
 /* Weights are 2^(x - max) with |x| up to ~70 here: one rounding of x more or
  * less (the vector kernels fold log2(e) into the score scale) moves a weight
  * by up to ln2 * ulp(70) ~ 5e-6 relative, hence 1e-5; a soft cap's tanh adds
  * a few ulps of the cap to x. */
-static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
+static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, int bf16_rows) {
   enum { M = 19, LDS = 72 };
   for (int round = 0; round < 300; round++) {
     size_t m = 1 + (size_t)tu_int(rng, 0, (int)(M)-1),
@@ -315,7 +323,7 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) 
         .bf16_weights = tu_int(rng, 0, 1),
     };
     softmax_both(k, s, t, (softmax_side){got, max_got, sum_got, res_got},
-                 (softmax_side){want, max_want, sum_want, res_want}, LDS);
+                 (softmax_side){want, max_want, sum_want, res_want}, LDS, bf16_rows);
     for (size_t i = 0; i < m; i++) {
       /* A soft cap's tanh is an approximation good to a few ulps of the cap. */
       double max_scale = fabs(max_want[i]) + 1.0 + 2.0 * t.soft_cap;
@@ -325,13 +333,27 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) 
             res_got[i], res_want[i]);
       CHECK(rel_close(sum_got[i], sum_want[i], fabs(sum_want[i]) + 1e-30, 1e-5),
             "softmax row_sum[%zu] %g vs %g", i, sum_got[i], sum_want[i]);
+      const float *row_got = got + i * LDS, *row_want = want + i * LDS;
+      /* Rounded to bf16, weights a few ulps of f32 apart may round a bf16
+       * ulp apart: up to 2^-7 of the larger. */
       for (size_t j = 0; j < n; j++) {
-        CHECK(rel_close(got[i * LDS + j], want[i * LDS + j], 1, 1e-5 + 4e-7 * t.soft_cap),
-              "softmax P[%zu][%zu] %g vs %g (m=%zu n=%zu cap=%g alibi=%d mask=%d)", i, j,
-              got[i * LDS + j], want[i * LDS + j], m, n, (double)t.soft_cap, t.alibi != NULL,
-              masked);
+        float p_got = bf16_rows ? bf16_weight(row_got, j) : row_got[j];
+        float p_want = bf16_rows ? bf16_weight(row_want, j) : row_want[j];
+        CHECK(rel_close(p_got, p_want, 1, 1e-5 + 4e-7 * t.soft_cap) ||
+                  (bf16_rows && rel_close(p_got, p_want, fmax(fabs(p_got), fabs(p_want)), 0x1p-7)),
+              "softmax%s P[%zu][%zu] %g vs %g (m=%zu n=%zu cap=%g alibi=%d mask=%d)",
+              bf16_rows ? "_bf16_rows" : "", i, j, p_got, p_want, m, n, (double)t.soft_cap,
+              t.alibi != NULL, masked);
       }
-      for (size_t j = n; j < LDS; j++) {
+      size_t untouched = n;
+      if (bf16_rows) {
+        for (size_t j = n; j < pa_bf16_row_keys(n); j++)
+          CHECK(bf16_weight(row_got, j) == 0.0f, "softmax_bf16_rows P[%zu][%zu] past n=%zu: %g", i,
+                j, n, bf16_weight(row_got, j));
+        /* The floats past n and past the bf16 weights' bytes. */
+        untouched = PA_MAX(n, pa_bf16_row_keys(n) / 2);
+      }
+      for (size_t j = untouched; j < LDS; j++) {
         CHECK(got[i * LDS + j] == want[i * LDS + j],
               "softmax wrote S[%zu][%zu] past n=%zu: %g vs %g (m=%zu masked=%d lo=%d hi=%d "
               "first=%lld max=%g)",
@@ -347,7 +369,7 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) 
  * soft cap: the vector exp2 once weighed it as 0 (its clamp dropped the
  * NaN), the vector tanh as -1. Other rows keep their sums. (A row whose
  * every score is NaN counts as one that sees no key, as fmaxf ignores NaN.) */
-static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
+static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, int bf16_rows) {
   enum { M = 6, LDS = 48 };
   for (int round = 0; round < 60; round++) {
     size_t m = 1 + (size_t)tu_int(rng, 0, M - 1), n = 2 + (size_t)tu_int(rng, 0, LDS - 2);
@@ -374,7 +396,7 @@ static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *r
         .bf16_weights = tu_int(rng, 0, 1),
     };
     softmax_both(k, s, t, (softmax_side){got, max_got, sum_got, res_got},
-                 (softmax_side){want, max_want, sum_want, res_want}, LDS);
+                 (softmax_side){want, max_want, sum_want, res_want}, LDS, bf16_rows);
     for (size_t i = 0; i < m; i++) {
       if (i == bad_row) {
         CHECK(isnan(sum_got[i]) && isnan(sum_want[i]),
@@ -389,6 +411,22 @@ static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *r
 }
 
 /* ------------------------------------------------------------------------ */
+
+/* P (values that are bf16 already) as the pair's packed and tiled P V
+ * kernels take it: as it is, or (packed_p_bf16_rows) in `bf16_rows` as the
+ * rows of a softmax_bf16_rows, with NaN after their zeros, which a kernel
+ * reading past them would carry into O. */
+static const void *packed_p(const pa_attn_ops *k, const float *p, size_t m, size_t n, size_t lds,
+                            void *bf16_rows) {
+  if (!k->packed_p_bf16_rows) return p;
+  for (size_t i = 0; i < m; i++) {
+    uint16_t *weights = (uint16_t *)bf16_rows + i * lds * 2;
+    for (size_t j = 0; j < lds * 2; j++) {
+      weights[j] = j < n ? pa_f32_to_bf16(p[i * lds + j]) : j < pa_bf16_row_keys(n) ? 0 : 0x7fc0;
+    }
+  }
+  return bf16_rows;
+}
 
 /* Packed tiles: each family packs in its own layout, so compare the
  * results of pack + qk_packed and pack + pv_packed with the scalar ones.
@@ -448,7 +486,10 @@ static void test_packed(const pa_attn_ops *k, const pa_attn_ops *s, pa_dtype act
     k->pack_v(kp, vr.ptr, n, d);
     s->pack_v(sp, vr.ptr, n, d);
     prefetch_probe_init(&probe, rng);
-    k->pv_packed(m, n, d, got, lds, kp, o_got, ldo, rescale, &probe.p);
+    void *p_rows = malloc(m * lds * 4);
+    k->pv_packed(m, n, d, packed_p(k, got, m, n, lds, p_rows), lds, kp, o_got, ldo, rescale,
+                 &probe.p);
+    free(p_rows);
     check_prefetch_spent(&probe, "pv_packed", m, n, d);
     s->pv_packed(m, n, d, got, lds, sp, o_want, ldo, rescale, NULL);
     for (size_t i = 0; i < m; i++) {
@@ -840,8 +881,10 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
     }
     void *stage = malloc(pa_packed_bytes(d)); /* the kernel's scratch, stale NaN */
     memset(stage, 0xff, pa_packed_bytes(d));
-    k->pv_tiled(m, n, d, p, lds, anchors[1], bs, stage, o_got, ldo, rescale, NULL);
-    free(stage);
+    void *p_rows = malloc(m * lds * 4);
+    k->pv_tiled(m, n, d, packed_p(k, p, m, n, lds, p_rows), lds, anchors[1], bs, stage, o_got, ldo,
+                rescale, NULL);
+    free(stage), free(p_rows);
     s->pack_v(sp, unpacked[1].ptr, n, d);
     s->pv_packed(m, n, d, p, lds, sp, o_want, ldo, rescale, NULL);
     bad = 0;
@@ -883,8 +926,12 @@ static void test_family(pa_isa isa, int bf16_dot, const pa_kernels *scalar, tu_r
   test_conversions(&k, scalar, rng);
   test_qk_pv(&k, scalar, rng);
   test_fp8_codes(&k, scalar, rng);
-  test_softmax(&k, scalar, rng);
-  test_softmax_nan(&k, scalar, rng);
+  test_softmax(&k, scalar, rng, 0);
+  test_softmax_nan(&k, scalar, rng, 0);
+  if (k.softmax_bf16_rows != scalar->softmax_bf16_rows) {
+    test_softmax(&k, scalar, rng, 1);
+    test_softmax_nan(&k, scalar, rng, 1);
+  }
   test_unpack_tiled(&k, tiled_rng);
   int tiled_pairs = 0;
   for (int a = 0; a < PA_NUM_ACT_DTYPES; a++) {

@@ -1,6 +1,7 @@
 /* Attention micro-kernels, scalar: the specification of S = Q K^T, the
  * online-pa_softmax_scalar tile epilogue and O += P V. */
 #include <math.h>
+#include <string.h>
 
 #include "codecs.h"
 #include "kernels.h"
@@ -107,8 +108,24 @@ static void pa_softmax_scalar(const pa_softmax_tile *t, float *s, size_t lds) {
   }
 }
 
+/* The weights of pa_softmax_scalar, each rounded to bf16 and written over
+ * the start of its row: weight j's two bytes go where weight j / 2 was,
+ * read before. Byte copies, as the row's floats and the bf16 weights
+ * share memory. */
+static void pa_softmax_bf16_rows_scalar(const pa_softmax_tile *t, float *s, size_t lds) {
+  pa_softmax_scalar(t, s, lds);
+  for (size_t i = 0; i < t->m; i++) {
+    float *row = s + i * lds;
+    for (size_t j = 0; j < pa_bf16_row_keys(t->n); j++) {
+      uint16_t weight = j < t->n ? pa_f32_to_bf16(row[j]) : 0;
+      memcpy((char *)row + j * sizeof weight, &weight, sizeof weight);
+    }
+  }
+}
+
 void pa_attn_kernels_scalar(pa_kernels *k) {
   PA_SET_PER_DTYPE(k->qk, pa_qk_f32, scalar);
   PA_SET_PER_DTYPE(k->pv, pa_pv_f32, scalar);
   k->softmax = pa_softmax_scalar;
+  k->softmax_bf16_rows = pa_softmax_bf16_rows_scalar;
 }

@@ -113,7 +113,7 @@ void pa_pack_v_e5m2_avx512bf16(void *dst, const void *const *rows, size_t n, siz
 void pa_qk_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                                   const void *k_packed, float *s, size_t lds,
                                   pa_prefetch *prefetch);
-void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *p, size_t ldp,
                                   const void *v_packed, float *o, size_t ldo, const float *rescale,
                                   pa_prefetch *prefetch);
 

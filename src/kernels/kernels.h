@@ -95,6 +95,16 @@ typedef struct pa_softmax_tile {
 #define PA_LN2 0.693147180559945309f
 
 typedef void (*pa_softmax_fn)(const pa_softmax_tile *tile, float *s, size_t lds);
+/* A softmax_bf16_rows (pa_kernels) is the same epilogue with the weights
+ * written as bf16 over the start of each row: weight j of row i at
+ * ((uint16_t *)(s + i * lds))[j], rounded to nearest even, then zeros up to
+ * n rounded up to PA_BF16_ROW_KEYS; the rest of the row holds anything.
+ * The P V kernels that multiply bf16 weights read them there as they lie
+ * (pa_attn_ops.packed_p_bf16_rows), instead of converting P themselves. */
+enum { PA_BF16_ROW_KEYS = 32 };
+static inline size_t pa_bf16_row_keys(size_t n) {
+  return (n + PA_BF16_ROW_KEYS - 1) / PA_BF16_ROW_KEYS * PA_BF16_ROW_KEYS;
+}
 
 /* Packed tiles, for many query rows at once (prefill): a tile of up to
  * PA_PACK_KEYS keys is packed once into the micro-kernels' layout and then
@@ -125,8 +135,10 @@ typedef void (*pa_pack_fn)(void *dst, const void *const *rows, size_t n, size_t 
  * direct kernels, these spend `prefetch` (NULL: nothing) over their loops. */
 typedef void (*pa_qk_packed_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                                 const void *k_packed, float *s, size_t lds, pa_prefetch *prefetch);
-/* O[i][:] = O[i][:] * rescale[i] + sum_j P[i][j] V[j][:] over a packed V tile. */
-typedef void (*pa_pv_packed_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+/* O[i][:] = O[i][:] * rescale[i] + sum_j P[i][j] V[j][:] over a packed V tile.
+ * P is f32, or the bf16 rows of a softmax_bf16_rows where the pair's
+ * packed_p_bf16_rows is set; ldp counts floats either way (S's stride). */
+typedef void (*pa_pv_packed_fn)(size_t m, size_t n, size_t d, const void *p, size_t ldp,
                                 const void *v_packed, float *o, size_t ldo, const float *rescale,
                                 pa_prefetch *prefetch);
 
@@ -151,7 +163,7 @@ typedef void (*pa_qk_tiled_fn)(size_t m, size_t n, size_t d, const void *q, size
                                pa_prefetch *prefetch);
 /* P V also takes `stage`, pa_packed_bytes(d) bytes of scratch it may use
  * (for a copy of V where the blocks hold no whole steps of the tiles). */
-typedef void (*pa_pv_tiled_fn)(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+typedef void (*pa_pv_tiled_fn)(size_t m, size_t n, size_t d, const void *p, size_t ldp,
                                const void *const *v_anchors, size_t block_size, void *stage,
                                float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch);
 
@@ -173,6 +185,9 @@ typedef struct pa_attn_ops {
   pa_pack_fn pack_v;
   pa_qk_packed_fn qk_packed;
   pa_pv_packed_fn pv_packed;
+  /* pv_packed and pv_tiled take P as the bf16 rows of the family's
+   * softmax_bf16_rows, not f32 (the direct pv keeps f32). */
+  int packed_p_bf16_rows;
   /* Items with this many query rows per KV head or more (a prompt chunk,
    * a long speculative decode) take the packed kernels: where they start to
    * beat the direct ones from DRAM (the family's f32 figure unless the pair
@@ -207,6 +222,7 @@ typedef struct pa_kernels {
   pa_qk_fn qk[PA_NUM_DTYPES];                   /* by K dtype */
   pa_pv_fn pv[PA_NUM_DTYPES];                   /* by V dtype */
   pa_softmax_fn softmax;
+  pa_softmax_fn softmax_bf16_rows;  /* see pa_softmax_fn */
   pa_pack_fn pack_k[PA_NUM_DTYPES]; /* f32 layouts, by cache dtype */
   pa_pack_fn pack_v[PA_NUM_DTYPES];
   pa_qk_packed_fn qk_packed;

@@ -1,6 +1,7 @@
 /* Micro-kernels on AMX tiles (tdpbf16ps) for bf16 activations: Q K^T with
  * A = 16 query rows x 32 elements of Q and B = 16 pairs of K^T x 16 keys;
- * P V with A = 16 rows x 32 keys of P as bf16 and B = 16 key pairs of V x
+ * P V with A = 16 rows x 32 keys of P as bf16 (the rows of the softmax's
+ * softmax_bf16_rows, read where it wrote them) and B = 16 key pairs of V x
  * 16 columns. B tiles come from the packed layouts of
  * kernels.h (the packed kernels, prefill) or straight from a tiled cache
  * (pa_kv_layout; the tiled kernels, every item over such a cache): the
@@ -237,10 +238,11 @@ static void add_sums(float *o, size_t ldo, const float (*acc)[32], const float *
 }
 
 /* acc (32 rows x the column groups at byte offsets c0 and c1, 16 columns
- * each) = P (bf16, two row blocks) V over every step. */
-static void pv_block_2x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_KEYS], size_t c0,
-                         size_t c1, float (*acc)[32]) {
-  const size_t lda = PA_PAIR_KEYS * 2, ldc = 32 * 4;
+ * each) = P V over every step, P's bf16 rows (two row blocks) lda bytes
+ * apart. */
+static void pv_block_2x2(const pa_pv_source *v, const char *p, size_t lda, size_t c0, size_t c1,
+                         float (*acc)[32]) {
+  const size_t ldc = 32 * 4;
   uint32_t tail[2][16][16];
   _tile_zero(PA_C00);
   _tile_zero(PA_C01);
@@ -249,8 +251,8 @@ static void pv_block_2x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_
   for (size_t t = 0; t < v->steps; t++) {
     size_t ld0, ld1, j = t * PA_TILE_STEP;
     const char *b0 = pv_b(v, t, c0, tail[0], &ld0), *b1 = pv_b(v, t, c1, tail[1], &ld1);
-    _tile_loadd(PA_A0, &pairs[0][j], lda);
-    _tile_loadd(PA_A1, &pairs[PA_TILE_ROWS][j], lda);
+    _tile_loadd(PA_A0, p + j * 2, lda);
+    _tile_loadd(PA_A1, p + PA_TILE_ROWS * lda + j * 2, lda);
     _tile_loadd(PA_B0, b0, ld0);
     _tile_loadd(PA_B1, b1, ld1);
     _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
@@ -265,16 +267,16 @@ static void pv_block_2x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_
 }
 
 /* The same for one row block (the configuration's rows). */
-static void pv_block_1x2(const pa_pv_source *v, const uint16_t (*pairs)[PA_PAIR_KEYS], size_t c0,
-                         size_t c1, float (*acc)[32]) {
-  const size_t lda = PA_PAIR_KEYS * 2, ldc = 32 * 4;
+static void pv_block_1x2(const pa_pv_source *v, const char *p, size_t lda, size_t c0, size_t c1,
+                         float (*acc)[32]) {
+  const size_t ldc = 32 * 4;
   uint32_t tail[2][16][16];
   _tile_zero(PA_C00);
   _tile_zero(PA_C01);
   for (size_t t = 0; t < v->steps; t++) {
     size_t ld0, ld1;
     const char *b0 = pv_b(v, t, c0, tail[0], &ld0), *b1 = pv_b(v, t, c1, tail[1], &ld1);
-    _tile_loadd(PA_A0, &pairs[0][t * PA_TILE_STEP], lda);
+    _tile_loadd(PA_A0, p + t * PA_TILE_STEP * 2, lda);
     _tile_loadd(PA_B0, b0, ld0);
     _tile_loadd(PA_B1, b1, ld1);
     _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
@@ -298,11 +300,12 @@ static void add_pending(pa_pending_sums *pending, size_t ldo, const float (*acc)
   pending->o = NULL;
 }
 
-/* O[i][:] = O[i][:] * rescale[i] + P[i][:n] V for i < m; d a multiple of 32. */
-static void pv_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp, const pa_pv_source *v,
-                   float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
-  size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS;
-  uint16_t pairs[2 * PA_TILE_ROWS][PA_PAIR_KEYS];
+/* O[i][:] = O[i][:] * rescale[i] + P[i][:n] V for i < m; d a multiple of
+ * 32. P: bf16 rows ldp floats apart, zeros from n to a multiple of 32 (the
+ * A tiles, as the softmax left them). */
+static void pv_amx(size_t m, size_t d, const void *p, size_t ldp, const pa_pv_source *v, float *o,
+                   size_t ldo, const float *rescale, pa_prefetch *prefetch) {
+  size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS, lda = ldp * sizeof(float);
   float acc[2][2 * PA_TILE_ROWS][32];
   pa_pending_sums pending = {NULL, NULL, 0};
   size_t block = 0;
@@ -312,14 +315,13 @@ static void pv_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp, con
     size_t rows = two ? 2 * PA_TILE_ROWS : PA_MIN(m - i, (size_t)PA_TILE_ROWS);
     if (i == whole && rows < PA_TILE_ROWS) load_tile_config((int)rows);
     pa_prefetch_span(prefetch, i, rows, m, d / 32);
-    /* zeros past n, to a multiple of 32 */
-    pack_pairs((int)rows, n, p + i * ldp, ldp, (uint32_t(*)[PA_PAIR_KEYS / 2]) pairs);
+    const char *a = (const char *)p + i * lda;
     for (size_t c = 0; c < d; c += 32, block ^= 1) {
       size_t c0 = c / 16 * v->group_bytes, c1 = c0 + v->group_bytes;
       if (two) {
-        pv_block_2x2(v, pairs, c0, c1, acc[block]);
+        pv_block_2x2(v, a, lda, c0, c1, acc[block]);
       } else {
-        pv_block_1x2(v, pairs, c0, c1, acc[block]);
+        pv_block_1x2(v, a, lda, c0, c1, acc[block]);
       }
       add_pending(&pending, ldo, (const float(*)[32])acc[block ^ 1]);
       pending = (pa_pending_sums){o + i * ldo + c, pa_rescale_from(rescale, i), rows};
@@ -331,7 +333,7 @@ static void pv_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp, con
   _tile_release();
 }
 
-static void pa_pv_packed_bf16_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+static void pa_pv_packed_bf16_amx(size_t m, size_t n, size_t d, const void *p, size_t ldp,
                                   const void *v_packed, float *o, size_t ldo, const float *rescale,
                                   pa_prefetch *prefetch) {
   if (d % PA_TILE_STEP) {
@@ -343,7 +345,7 @@ static void pa_pv_packed_bf16_amx(size_t m, size_t n, size_t d, const float *p, 
   pa_pv_source v = {step, ldv * 4, 64, (n + PA_TILE_STEP - 1) / PA_TILE_STEP, 0};
   for (size_t t = 0; t < v.steps; t++)
     step[t] = (const char *)v_packed + t * (PA_TILE_STEP / 2) * ldv * 4;
-  pv_amx(m, n, d, p, ldp, &v, o, ldo, rescale, prefetch);
+  pv_amx(m, d, p, ldp, &v, o, ldo, rescale, prefetch);
 }
 
 /* V of keys [0, n) copied from a tiled cache into the packed pair layout
@@ -371,7 +373,7 @@ static void stage_values(uint32_t *dst, const void *const *v_anchors, size_t n, 
  * bytes, read in steps of 32 keys where a block holds whole steps; other
  * block sizes are staged in the packed layout first (steps of 16 keys,
  * half a tile's work per product, cost more than the copy). */
-static void pa_pv_tiled_bf16_amx(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+static void pa_pv_tiled_bf16_amx(size_t m, size_t n, size_t d, const void *p, size_t ldp,
                                  const void *const *v_anchors, size_t block_size, void *stage,
                                  float *o, size_t ldo, const float *rescale,
                                  pa_prefetch *prefetch) {
@@ -384,7 +386,7 @@ static void pa_pv_tiled_bf16_amx(size_t m, size_t n, size_t d, const float *p, s
   pa_pv_source v = {step, 64, PA_GROUP_KEYS * block_size * 2, (n + PA_TILE_STEP - 1) / PA_TILE_STEP,
                     n % PA_TILE_STEP};
   for (size_t t = 0; t < v.steps; t++) step[t] = v_anchors[t * PA_TILE_STEP];
-  pv_amx(m, n, d, p, ldp, &v, o, ldo, rescale, prefetch);
+  pv_amx(m, d, p, ldp, &v, o, ldo, rescale, prefetch);
 }
 
 /* V pairs as prefill-avx512bf16.c packs them, with zero pairs after the
@@ -420,6 +422,7 @@ void pa_prefill_kernels_amx(pa_kernels *k) {
     ops->pack_v = pack_v[cache];
     ops->qk_packed = pa_qk_packed_bf16_amx;
     ops->pv_packed = pa_pv_packed_bf16_amx;
+    ops->packed_p_bf16_rows = 1; /* the A tiles of P V */
     /* Requests for the next tile cost more issue time than they save here
      * (docs/xeon-amx.md); the tiles' reads are in order within a block. */
     ops->packed_unprefetched = 1;

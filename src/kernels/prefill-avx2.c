@@ -186,9 +186,10 @@ PA_INLINE void pv_block(const int rows, const int cols, size_t last, size_t n, c
   }
 }
 
-static void pa_pv_packed_f32_avx2(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+static void pa_pv_packed_f32_avx2(size_t m, size_t n, size_t d, const void *weights, size_t ldp,
                                   const void *v_packed, float *o, size_t ldo, const float *rescale,
                                   pa_prefetch *prefetch) {
+  const float *p = weights;
   const float *v = v_packed;
   /* 16 columns at a time; the requests are spread over the row x column
    * products. */

@@ -127,9 +127,10 @@ PA_INLINE void pv_block(const int rows, const int cols, const int partial, size_
   pa512_store_o_block(rows, cols, partial, last, o + c0, ldo, acc);
 }
 
-static void pa_pv_packed_f32_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+static void pa_pv_packed_f32_avx512(size_t m, size_t n, size_t d, const void *weights, size_t ldp,
                                     const void *v_packed, float *o, size_t ldo,
                                     const float *rescale, pa_prefetch *prefetch) {
+  const float *p = weights;
   const float *v = v_packed;
   size_t ldv = (d + 15) / 16 * 16;
   /* The requests are spread over the row x column products. */

@@ -5,6 +5,7 @@
 
 #include "avx512bf16-common.h"
 #include "prefetch.h"
+#include "softmax-avx512.h"
 
 /* K^T as pairs: each K row is d/2 pairs; transposing the (keys x pairs)
  * matrix of 32-bit elements puts 16 keys' pair e next to each other. */
@@ -182,18 +183,18 @@ PA_INLINE const uint32_t *v_pair_row(const pa_v_pairs *v, size_t j, size_t c) {
                     : v->packed + j / 2 * v->ldv + c;
 }
 
-/* O block += the pair of keys j, j + 1 (P's pairs[r][j / 2]); `keep` masks
- * the V words used (all, or the first key's where the second is past n). */
+/* O block += the pair of keys j, j + 1 (the bf16 weights at P's row r,
+ * rows ldp floats apart); `keep` masks the V words used (all, or the
+ * first key's where the second is past n). */
 PA_INLINE void pv_pair_step(const int rows, const int cols, const pa_v_pairs *v, size_t j,
-                            size_t c0, __m512i keep, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
-                            __m512 acc[6][4]) {
+                            size_t c0, __m512i keep, const float *p, size_t ldp, __m512 acc[6][4]) {
   const uint32_t *vj = v_pair_row(v, j, c0);
   size_t step = v->anchors ? v->group : 16;
   __m512i vc[4];
   for (int c = 0; c < cols; c++)
     vc[c] = _mm512_and_si512(_mm512_loadu_si512(vj + (size_t)c * step), keep);
   for (int r = 0; r < rows; r++) {
-    __m512i b = _mm512_set1_epi32((int)pairs[r][j / 2]);
+    __m512i b = _mm512_broadcastd_epi32(_mm_loadu_si32((const char *)(p + r * ldp) + j * 2));
     for (int c = 0; c < cols; c++) acc[r][c] = dot(acc[r][c], b, vc[c]);
   }
 }
@@ -202,9 +203,8 @@ PA_INLINE void pv_pair_step(const int rows, const int cols, const pa_v_pairs *v,
  * hold the block's columns below d, only the last of which may be partial
  * (`partial`; docs/code-figures.md, pv_packed_block). */
 PA_INLINE void pv_pairs_block(const int rows, const int cols, const int partial, size_t n,
-                              size_t c0, size_t d, const uint32_t (*pairs)[PA_PAIR_KEYS / 2],
-                              const pa_v_pairs *v, float *o, size_t ldo, const float *rescale,
-                              pa_prefetch *prefetch) {
+                              size_t c0, size_t d, const float *p, size_t ldp, const pa_v_pairs *v,
+                              float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   /* Full V loads up to d (rows are padded to 16); see prefill-avx512.c. */
   const __mmask16 last = partial ? pa512_tail_mask(d - c0 - 16 * (size_t)(cols - 1)) : 0xffff;
   const __m512i all = _mm512_set1_epi32(-1);
@@ -213,11 +213,11 @@ PA_INLINE void pv_pairs_block(const int rows, const int cols, const int partial,
   size_t j = 0;
   for (; j + 2 <= n; j += 2) {
     pa_prefetch_packed(prefetch, j); /* j even: every PA_PACKED_STEP keys */
-    pv_pair_step(rows, cols, v, j, c0, all, pairs, acc);
+    pv_pair_step(rows, cols, v, j, c0, all, p, ldp, acc);
   }
   if (j < n) { /* key n may be anything in a tiled cache, NaN included */
     pa_prefetch_packed(prefetch, j);
-    pv_pair_step(rows, cols, v, j, c0, _mm512_set1_epi32(0xffff), pairs, acc);
+    pv_pair_step(rows, cols, v, j, c0, _mm512_set1_epi32(0xffff), p, ldp, acc);
   }
   pa512_store_o_block(rows, cols, partial, last, o + c0, ldo, acc);
 }
@@ -227,20 +227,19 @@ PA_INLINE void pv_pairs_block(const int rows, const int cols, const int partial,
 PA_INLINE void pv_pairs_rows(const int rows, size_t i, size_t m, size_t n, size_t d, const float *p,
                              size_t ldp, const pa_v_pairs *v, float *o, size_t ldo,
                              const float *rescale, pa_prefetch *prefetch) {
-  uint32_t pairs[6][PA_PAIR_KEYS / 2];
-  pack_pairs(rows, n, p, ldp, pairs);
   for (size_t c0 = 0; c0 < d; c0 += 64) {
     pa_prefetch_span(prefetch, i * d + (size_t)rows * c0, (size_t)rows * PA_MIN(d - c0, 64), m * d,
                      pa_packed_steps(n));
     if (c0 + 64 <= d) {
-      pv_pairs_block(rows, 4, 0, n, c0, d, pairs, v, o, ldo, rescale, prefetch);
+      pv_pairs_block(rows, 4, 0, n, c0, d, p, ldp, v, o, ldo, rescale, prefetch);
     } else {
       PA_FOR_COLUMN_VECTORS(
-          d - c0, pv_pairs_block(rows, cols, 1, n, c0, d, pairs, v, o, ldo, rescale, prefetch));
+          d - c0, pv_pairs_block(rows, cols, 1, n, c0, d, p, ldp, v, o, ldo, rescale, prefetch));
     }
   }
 }
 
+/* P: the bf16 rows of pa_softmax_bf16_rows_avx512bf16. */
 PA_INLINE void pv_pairs(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                         const pa_v_pairs *v, float *o, size_t ldo, const float *rescale,
                         pa_prefetch *prefetch) {
@@ -251,7 +250,7 @@ PA_INLINE void pv_pairs(size_t m, size_t n, size_t d, const float *p, size_t ldp
 #undef PV_ROWS
 }
 
-void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *p, size_t ldp,
                                   const void *v_packed, float *o, size_t ldo, const float *rescale,
                                   pa_prefetch *prefetch) {
   const pa_v_pairs v = {v_packed, (d + 15) / 16 * 16, NULL, 0};
@@ -260,7 +259,7 @@ void pa_pv_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, 
 
 /* A tiled cache's values read in place, any block size (a multiple of 16
  * holds whole pairs); `stage` is not needed. */
-static void pa_pv_tiled_bf16_avx512bf16(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+static void pa_pv_tiled_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *p, size_t ldp,
                                         const void *const *v_anchors, size_t block_size,
                                         void *stage, float *o, size_t ldo, const float *rescale,
                                         pa_prefetch *prefetch) {
@@ -269,12 +268,23 @@ static void pa_pv_tiled_bf16_avx512bf16(size_t m, size_t n, size_t d, const floa
   pv_pairs(m, n, d, p, ldp, &v, o, ldo, rescale, prefetch);
 }
 
+/* The softmax for these P V kernels (and AMX's): bf16 weights over the
+ * start of each row, which they read as they lie. */
+PA_INLINE void store_bf16_weights(float *row, size_t j, __m512 weights, __mmask16 in_tile) {
+  _mm256_mask_storeu_epi16((char *)row + j * 2, in_tile, (__m256i)_mm512_cvtneps_pbh(weights));
+}
+
+static void pa_softmax_bf16_rows_avx512bf16(const pa_softmax_tile *t, float *s, size_t lds) {
+  pa512_softmax(t, s, lds, 1, store_bf16_weights);
+}
+
 /* These packed kernels overtake the direct ones (whose Q K^T blocks end in a
  * reduction) from 16 rows per KV head for bf16 caches and from 32 for FP8
  * (docs/code-figures.md, packed_min_rows). Without `bf16_pairs` the bf16 cache keeps the f32 packed
  * kernels (the FMA path, for CPUs whose dot products are slow and that have no tiles). */
 void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
   pa_bf16_tables_init();
+  k->softmax_bf16_rows = pa_softmax_bf16_rows_avx512bf16;
   static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {[PA_BF16] = pa_pack_k_bf16_avx512bf16,
                                                    [PA_FP8_E4M3] = pa_pack_k_e4m3_avx512bf16,
                                                    [PA_FP8_E5M2] = pa_pack_k_e5m2_avx512bf16};
@@ -288,6 +298,7 @@ void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
     ops->pack_v = pack_v[cache];
     ops->qk_packed = pa_qk_packed_bf16_avx512bf16;
     ops->pv_packed = pa_pv_packed_bf16_avx512bf16;
+    ops->packed_p_bf16_rows = 1;
     ops->packed_min_rows = cache == PA_BF16 ? 16 : 32;
   }
   /* A tiled bf16 cache's groups are these kernels' pair layouts, read in

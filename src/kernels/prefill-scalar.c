@@ -55,9 +55,10 @@ static void pa_qk_packed_f32_scalar(size_t m, size_t n, size_t d, const void *q_
   }
 }
 
-static void pa_pv_packed_f32_scalar(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+static void pa_pv_packed_f32_scalar(size_t m, size_t n, size_t d, const void *weights, size_t ldp,
                                     const void *v_packed, float *o, size_t ldo,
                                     const float *rescale, pa_prefetch *prefetch) {
+  const float *p = weights;
   const float *v = v_packed;
   (void)prefetch;
   pa_rescale_rows_scalar(m, d, o, ldo, rescale);

@@ -1,0 +1,147 @@
+/* The online softmax of a key tile (pa_softmax_fn) on AVX-512, one source
+ * for the families that store its weights differently: f32 over S
+ * (attn-avx512.c), or bf16 over the start of each row for the P V kernels
+ * that take them so (softmax_bf16_rows, attn-avx512bf16.c). */
+#ifndef PA_SOFTMAX_AVX512_H
+#define PA_SOFTMAX_AVX512_H
+
+#include <math.h>
+#include <string.h>
+
+#include "avx512-common.h"
+#include "kernels.h"
+
+/* Stores the weights of keys [j, j + 16) of a row (lanes in in_tile). */
+typedef void (*pa512_store_weights)(float *row, size_t j, __m512 weights, __mmask16 in_tile);
+
+/* The zeros after a row's n bf16 weights (see softmax_bf16_rows). */
+PA_INLINE void zero_bf16_tail(float *row, size_t n) {
+  memset((char *)row + n * 2, 0, (pa_bf16_row_keys(n) - n) * 2);
+}
+
+/* Base-2 logits of row i's visible columns written over the row (-inf
+ * elsewhere in the tile); returns their lane-wise maximum. */
+PA_INLINE __m512 logits_row(const pa_softmax_tile *t, size_t i, float *row) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
+  const float cap = t->soft_cap;
+  int64_t lo = 0, hi = (int64_t)t->n;
+  if (t->key_lo) {
+    lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
+    hi = PA_MIN((int64_t)t->key_hi[i] - t->first_key, (int64_t)t->n);
+  }
+  __m512 vmax = minus_inf;
+  for (size_t j = 0; j < t->n; j += 16) {
+    __mmask16 in_tile = pa512_tail_mask(t->n - j);
+    __m512 column = _mm512_add_ps(iota, _mm512_set1_ps((float)j));
+    __mmask16 visible =
+        _mm512_mask_cmp_ps_mask(in_tile, column, _mm512_set1_ps((float)lo), _CMP_GE_OQ) &
+        _mm512_cmp_ps_mask(column, _mm512_set1_ps((float)hi), _CMP_LT_OQ);
+    __m512 x =
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(visible, row + j), _mm512_set1_ps(t->score_scale));
+    if (cap > 0.0f) {
+      x = _mm512_mul_ps(_mm512_set1_ps(cap),
+                        pa512_tanh(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / cap))));
+    }
+    if (t->alibi) {
+      float distance = (float)(t->first_key - t->position[i]);
+      __m512 bias = _mm512_add_ps(column, _mm512_set1_ps(distance));
+      x = _mm512_fmadd_ps(_mm512_set1_ps(t->alibi[i]), bias, x);
+    }
+    x = _mm512_mask_mov_ps(minus_inf, visible, _mm512_mul_ps(x, _mm512_set1_ps(PA_LOG2E)));
+    _mm512_mask_storeu_ps(row + j, in_tile, x);
+    vmax = _mm512_max_ps(x, vmax); /* a NaN x is passed over, as fmaxf does */
+  }
+  return vmax;
+}
+
+/* Lane-wise maximum of a row's raw scores (a plain tile: every key
+ * visible, no cap, no ALiBi, so the logits are the scores times a constant
+ * and need not be written). */
+PA_INLINE __m512 raw_max_row(size_t n, const float *row) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  size_t j = 0;
+  for (; j + 16 <= n; j += 16) vmax = _mm512_max_ps(_mm512_loadu_ps(row + j), vmax); /* as above */
+  if (j < n) {
+    __mmask16 m = pa512_tail_mask(n - j);
+    vmax = _mm512_mask_max_ps(vmax, m, _mm512_maskz_loadu_ps(m, row + j), vmax);
+  }
+  return vmax;
+}
+
+/* Three passes, the per-row reductions done 16 rows at a time by a
+ * transpose tree: every row's maximum and the correction of its running
+ * state; every row's weights; every row's sum. A plain tile (see
+ * raw_max_row) skips writing logits: its weights are 2^(s * c - max) with
+ * c the score scale in base 2, one FMA from the raw score. */
+PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, const int bf16_rows,
+                             pa512_store_weights store) {
+  const int plain = !t->key_lo && t->soft_cap == 0.0f && !t->alibi;
+  const float c = t->score_scale * PA_LOG2E;
+  __m512 lanes[16];
+  for (size_t i0 = 0; i0 < t->m; i0 += 16) {
+    size_t rows = t->m - i0 < 16 ? t->m - i0 : 16; /* >= 1 as i0 < m */
+    for (size_t r = 0; r < rows; r++) {            // cppcheck-suppress knownConditionTrueFalse
+      float *row = s + (i0 + r) * lds;
+      lanes[r] = plain ? raw_max_row(t->n, row) : logits_row(t, i0 + r, row);
+    }
+    for (size_t r = rows; r < 16; r++) lanes[r] = _mm512_set1_ps(-INFINITY);
+    __m512 tile_max = pa512_reduce16_with(lanes, pa512_max);
+    if (plain) tile_max = _mm512_mul_ps(tile_max, _mm512_set1_ps(c));
+    __mmask16 m = pa512_tail_mask(rows);
+    __m512 before = _mm512_maskz_loadu_ps(m, t->row_max + i0);
+    __m512 after = _mm512_max_ps(before, tile_max);
+    /* 2^(-inf) = 0 when the first key arrives; 1 while no key has come. */
+    __mmask16 none = _mm512_cmp_ps_mask(after, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    __m512 correction =
+        _mm512_mask_mov_ps(pa512_exp2(_mm512_sub_ps(before, after)), none, _mm512_set1_ps(1.0f));
+    _mm512_mask_storeu_ps(t->row_max + i0, m, after);
+    _mm512_mask_storeu_ps(t->rescale + i0, m, correction);
+    __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, t->row_sum + i0), correction);
+
+    for (size_t r = 0; r < 16; r++) lanes[r] = _mm512_setzero_ps();
+    /* Each row's shift is taken from `after` in registers, not read back
+     * from row_max behind the masked store above, which would wait on the
+     * store (docs/code-figures.md, AVX-512 pa_softmax_avx512). */
+    const __m512 minus_after = _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(after), _mm512_set1_epi32(INT32_MIN)));
+    for (size_t r = 0; r < rows; r++) {  // cppcheck-suppress knownConditionTrueFalse
+      float *row = s + (i0 + r) * lds;
+      if (none & (1u << r)) { /* no key seen yet: nothing to weigh */
+        for (size_t j = 0; j < t->n; j += 16)
+          store(row, j, _mm512_setzero_ps(), pa512_tail_mask(t->n - j));
+        if (bf16_rows) zero_bf16_tail(row, t->n);
+        continue;
+      }
+      __m512 scale = _mm512_set1_ps(plain ? c : 1.0f),
+             minus = _mm512_permutexvar_ps(_mm512_set1_epi32((int)r), minus_after);
+      /* The row's sum in a register: lanes[r], indexed at run time, lives
+       * in memory, and adding into it there chains every step through a
+       * store and a reload. */
+      __m512 total = _mm512_setzero_ps();
+      size_t j = 0;
+      /* Whole vectors without masks, then the tail (docs/code-figures.md,
+       * AVX-512 pa_softmax_avx512). */
+      for (; j + 16 <= t->n; j += 16) {
+        __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(row + j), scale, minus);
+        __m512 weight = bf16_rows || t->bf16_weights ? pa512_exp2_bf16(x) : pa512_exp2(x);
+        store(row, j, weight, 0xffff);
+        total = _mm512_add_ps(total, weight);
+      }
+      if (j < t->n) {
+        __mmask16 in_tile = pa512_tail_mask(t->n - j);
+        __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_tile, row + j), scale, minus);
+        __m512 weight = _mm512_maskz_mov_ps(
+            in_tile, bf16_rows || t->bf16_weights ? pa512_exp2_bf16(x) : pa512_exp2(x));
+        store(row, j, weight, in_tile);
+        total = _mm512_add_ps(total, weight);
+      }
+      if (bf16_rows) zero_bf16_tail(row, t->n);
+      lanes[r] = total;
+    }
+    sum = _mm512_add_ps(sum, pa512_reduce16(lanes));
+    _mm512_mask_storeu_ps(t->row_sum + i0, m, sum);
+  }
+}
+
+#endif
