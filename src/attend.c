@@ -103,8 +103,8 @@ static int takes_packed_q(const pa_attention_call *c, const pa_plan_item *item) 
 static size_t q_stride(size_t d) { return (d + 63) / 64 * 64; }
 
 typedef struct pa_item_scratch {
-  const char **range_start;
-  size_t *range_bytes;
+  const char **range_start, **stream_start;
+  size_t *range_bytes, *stream_bytes;
   void *q, *k_packed, *v_packed, *unpacked[2];
   float *o, *s, *row_max, *row_sum, *rescale, *alibi;
   size_t ldo; /* O's row stride: d in scratch, d + 2 in a split's partials */
@@ -122,6 +122,8 @@ static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
   pa_item_scratch s = {
       .range_start = scratch_at(base, l.range_start),
       .range_bytes = scratch_at(base, l.range_bytes),
+      .stream_start = scratch_at(base, l.stream_start),
+      .stream_bytes = scratch_at(base, l.stream_bytes),
       .q = scratch_at(base, l.q),
       .k_packed = scratch_at(base, l.k_packed),
       .v_packed = scratch_at(base, l.v_packed),
@@ -240,6 +242,91 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
       bytes[count++] = value_length;
     }
     key += run;
+  }
+  return count;
+}
+
+static size_t range_lines(const pa_prefetch *p) {
+  size_t lines = 0;
+  for (size_t r = 0; r < p->count; r++) lines += (p->bytes[r] + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
+  return lines;
+}
+
+/* Appends to start / bytes (from `count`, up to `capacity`) the memory of
+ * keys [first, first + n) of the item's KV head h in a tiled cache, side 0
+ * (K: the 16-token groups holding them) or 1 (V: each block's whole tile,
+ * over which a token's values are spread); blocks adjacent in memory extend
+ * one range. Returns the new count. */
+static size_t tiled_side_ranges(const pa_attention_call *c, const pa_plan_item *item, int64_t first,
+                                int64_t n, int64_t h, int side, const char **start, size_t *bytes,
+                                size_t count, size_t capacity) {
+  const pa_kv_source *kv = &c->kv;
+  if (!kv->block_tables) return count;
+  const char *base = (side ? kv->value : kv->key) + (item->kv_begin + h) * kv->head_bytes;
+  int64_t group = PA_TILED_GROUP * kv->token_bytes;
+  const int32_t *table =
+      kv->block_tables + item->seq * kv->block_table_stride + first / kv->block_size;
+  for (int64_t key = first, end = first + n, offset = first % kv->block_size; key < end;
+       table++, offset = 0) {
+    int64_t run = PA_MIN(kv->block_size - offset, end - key);
+    const char *at = base + *table * kv->block_bytes;
+    size_t length = (size_t)(kv->block_size * kv->token_bytes);
+    if (!side) {
+      at += offset / PA_TILED_GROUP * group;
+      length = (size_t)(((offset + run + PA_TILED_GROUP - 1) / PA_TILED_GROUP -
+                         offset / PA_TILED_GROUP) *
+                        group);
+    }
+    key += run;
+    if (count > 0 && start[count - 1] + bytes[count - 1] == at) {
+      bytes[count - 1] += length;
+      continue;
+    }
+    if (count >= capacity) break;
+    start[count] = at;
+    bytes[count++] = length;
+  }
+  return count;
+}
+
+/* How far the tiles' kernels request ahead of their reads: a few B tiles'
+ * steps, so that the lines arrive in L2 just before the tile loads that
+ * wait on them (docs/xeon-amx.md, "Requests just ahead of the tiles"). */
+enum { PA_STREAM_LEAD = 8192 };
+
+/* Moves the requests' cursor `bytes` on without requesting them. */
+static void stream_skip(pa_prefetch *p, size_t bytes) {
+  while (p->next < p->count && bytes > 0) {
+    size_t left = p->bytes[p->next] - p->offset, take = PA_MIN(left, bytes);
+    p->offset += take;
+    bytes -= take;
+    if (p->offset >= p->bytes[p->next]) {
+      p->next++;
+      p->offset = 0;
+    }
+  }
+}
+
+/* A direct item's reads over a tiled cache in the order the tiles' kernels
+ * make them: K of every KV head, then V of every head, of keys [first,
+ * first + n), then the next tile's first K (next_n keys from `next`);
+ * *tile_lines counts the lines of this tile's. */
+static size_t tiled_read_order(const pa_attention_call *c, const pa_plan_item *item,
+                               const pa_item_scratch *s, int64_t first, int64_t n, int64_t next,
+                               int64_t next_n, size_t *tile_lines) {
+  size_t capacity = pa_prefetch_ranges(c->plan->max_rows, c->plan->key_tile), count = 0;
+  int64_t heads = item->kv_end - item->kv_begin;
+  for (int side = 0; side < 2; side++) {
+    for (int64_t h = 0; h < heads; h++) {
+      count = tiled_side_ranges(c, item, first, n, h, side, s->stream_start, s->stream_bytes, count,
+                                capacity);
+    }
+  }
+  pa_prefetch tile = {.start = s->stream_start, .bytes = s->stream_bytes, .count = count};
+  *tile_lines = range_lines(&tile);
+  if (next_n > 0) {
+    count = tiled_side_ranges(c, item, next, next_n, 0, 0, s->stream_start, s->stream_bytes, count,
+                              capacity);
   }
   return count;
 }
@@ -370,7 +457,8 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
  * every head (docs/code-figures.md, attend_tile). */
 static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
                         const pa_item_scratch *s, int64_t first, size_t n, const void **k_rows,
-                        const void **v_rows, const void **spare[2][2], pa_prefetch *ahead) {
+                        const void **v_rows, const void **spare[2][2], pa_prefetch *ahead,
+                        pa_prefetch *stream, size_t stream_budget) {
   size_t d = (size_t)c->layer->head_size, tile = (size_t)c->plan->key_tile;
   size_t m = pa_item_rows(item), kv_count = (size_t)(item->kv_end - item->kv_begin);
   size_t m_kv = m / kv_count, ldq = q_stride(d);
@@ -378,23 +466,25 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
   for (size_t i = 0; i < m && all_visible; i++) {
     all_visible = s->key_lo[i] <= first && s->key_hi[i] >= first + (int64_t)n;
   }
-  size_t lines = 0;
-  for (size_t r = 0; r < ahead->count; r++)
-    lines += (ahead->bytes[r] + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
-  size_t budget = (lines + 2 * kv_count - 1) / (2 * kv_count); /* per kernel call */
+  /* per kernel call */
+  size_t budget = (range_lines(ahead) + 2 * kv_count - 1) / (2 * kv_count);
 
   if (item_is_packed(c, item)) {
     packed_tile(c, item, s, first, n, k_rows, v_rows, spare, ahead, budget, all_visible);
     return;
   }
   /* A direct item over tiles the kernels read in place takes the tiles'
-   * products in this loop's order: one softmax for all its KV heads. */
+   * products in this loop's order: one softmax for all its KV heads. The
+   * tiles' kernels (which the next tile's requests do not pay back) are
+   * given the item's reads a little ahead instead (`stream`, each call an
+   * equal share; docs/xeon-amx.md). */
   int tiles = reads_tiles(c);
-  pa_prefetch *requests = tiles && c->ops->packed_unprefetched ? NULL : ahead;
+  pa_prefetch *requests = tiles && c->ops->packed_unprefetched ? stream : ahead;
   for (size_t kv = 0; kv < kv_count; kv++) {
     size_t r0 = kv * m_kv;
     const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
     pa_prefetch_begin(ahead, budget);
+    if (stream) pa_prefetch_begin(stream, stream_budget);
     if (tiles) {
       c->ops->qk_tiled(m_kv, n, d, q, ldq, head_anchors(c, k_rows, n, kv, spare[kv & 1][0]),
                        s->s + r0 * tile, tile, requests);
@@ -408,6 +498,7 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     size_t r0 = kv * m_kv;
     float *o = s->o + r0 * s->ldo;
     pa_prefetch_begin(ahead, budget);
+    if (stream) pa_prefetch_begin(stream, stream_budget);
     if (tiles) {
       c->ops->pv_tiled(m_kv, n, d, s->s + r0 * tile, tile,
                        head_anchors(c, v_rows, n, kv, spare[kv & 1][1]), (size_t)c->kv.block_size,
@@ -489,12 +580,19 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
    * where the direct ones request into L2 (docs/decode-memory.md, "Zen 4:
    * requests into L2"). */
   int to_l2 = c->kernels->prefetch_to_l2 && !item_is_packed(c, item);
+  /* The tiles' kernels of a direct item request its reads just ahead
+   * (attend_tile), except in an item of one tile, mostly per-call work,
+   * which the requests cost more than they save (docs/xeon-amx.md). */
+  int streamed = reads_tiles(c) && c->ops->packed_unprefetched && !item_is_packed(c, item) &&
+                 hi - lo > (int64_t)tile;
+  size_t kv_heads = (size_t)(item->kv_end - item->kv_begin);
   if (lo < hi) {
     gather_tile_rows(&c->kv, item->seq, item->kv_begin, lo, PA_MIN((int64_t)tile, hi - lo),
                      k_rows[0], v_rows[0]);
   }
   for (int64_t first = lo; first < hi; first += (int64_t)tile, current ^= 1) {
     int64_t next = first + (int64_t)tile, next_n = PA_MAX(PA_MIN((int64_t)tile, hi - next), 0);
+    int64_t n = PA_MIN((int64_t)tile, hi - first);
     pa_prefetch ahead = {.start = s.range_start, .bytes = s.range_bytes, .to_l2 = to_l2};
     if (next_n > 0) {
       gather_tile_rows(&c->kv, item->seq, item->kv_begin, next, next_n, k_rows[current ^ 1],
@@ -502,8 +600,16 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
       ahead.count = tile_ranges(c, item, next, next_n, s.range_start, s.range_bytes,
                                 pa_prefetch_ranges(c->plan->max_rows, c->plan->key_tile));
     }
-    attend_tile(c, item, &s, first, (size_t)PA_MIN((int64_t)tile, hi - first), k_rows[current],
-                v_rows[current], spare, &ahead);
+    /* Into L2: a stream request into L1 as well was slower (docs/xeon-amx.md). */
+    pa_prefetch stream = {.start = s.stream_start, .bytes = s.stream_bytes, .to_l2 = 1};
+    size_t stream_budget = 0, tile_lines = 0;
+    if (streamed) {
+      stream.count = tiled_read_order(c, item, &s, first, n, next, next_n, &tile_lines);
+      stream_skip(&stream, PA_STREAM_LEAD);
+      stream_budget = (tile_lines + 2 * kv_heads - 1) / (2 * kv_heads); /* a call's own reads */
+    }
+    attend_tile(c, item, &s, first, (size_t)n, k_rows[current], v_rows[current], spare, &ahead,
+                streamed ? &stream : NULL, stream_budget);
   }
 
   if (partial) {

@@ -62,6 +62,8 @@ pa_scratch_layout pa_scratch_layout_for(int max_rows, int head_size, int key_til
   PA_PLACE(v_unpacked, n * d * sizeof(float));
   PA_PLACE(range_start, pa_prefetch_ranges(max_rows, key_tile) * sizeof(char *));
   PA_PLACE(range_bytes, pa_prefetch_ranges(max_rows, key_tile) * sizeof(size_t));
+  PA_PLACE(stream_start, pa_prefetch_ranges(max_rows, key_tile) * sizeof(char *));
+  PA_PLACE(stream_bytes, pa_prefetch_ranges(max_rows, key_tile) * sizeof(size_t));
 #undef PA_PLACE
   l.total = at;
   return l;

@@ -93,6 +93,7 @@ pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *request, const cha
 typedef struct pa_scratch_layout {
   size_t q, o, s, row_max, row_sum, rescale, position, key_lo, key_hi, alibi, k_rows, v_rows, merge;
   size_t k_packed, v_packed, k_unpacked, v_unpacked, range_start, range_bytes;
+  size_t stream_start, stream_bytes;
   size_t total;
 } pa_scratch_layout;
 

@@ -84,10 +84,13 @@ static void qk_block_2x2(size_t d, const uint16_t *q, size_t ldq, const char *b0
 
 /* One row block (the tiles' configured rows) x the keys of groups b0 and b1. */
 static void qk_block_1x2(size_t d, const uint16_t *q, size_t ldq, const char *b0, const char *b1,
-                         size_t ldb, float *s, size_t lds) {
+                         size_t ldb, float *s, size_t lds, pa_prefetch *prefetch, size_t done) {
   _tile_zero(PA_C00);
   _tile_zero(PA_C01);
   for (size_t e = 0; e < d; e += PA_TILE_STEP) {
+    /* A share per step, not per block: a decode's B tiles come from
+     * memory, and the requests must keep just ahead of them. */
+    pa_prefetch_step(prefetch, done + e / PA_TILE_STEP + 1);
     _tile_loadd(PA_A0, q + e, ldq * 2);
     _tile_loadd(PA_B0, b0 + e / 2 * ldb, ldb);
     _tile_loadd(PA_B1, b1 + e / 2 * ldb, ldb);
@@ -115,11 +118,11 @@ static void qk_row_block(size_t count, size_t d, const uint16_t *q, size_t ldq,
                          pa_prefetch *prefetch) {
   size_t g = 0;
   for (; g + 2 <= count; g += 2) {
-    qk_block_1x2(d, q, ldq, groups[g], groups[g + 1], ldb, s + g * PA_GROUP_KEYS, lds);
-    pa_prefetch_step(prefetch, g / 2 + 1);
+    qk_block_1x2(d, q, ldq, groups[g], groups[g + 1], ldb, s + g * PA_GROUP_KEYS, lds, prefetch,
+                 g / 2 * (d / PA_TILE_STEP));
   }
   if (g < count) qk_block_1x1(d, q, ldq, groups[g], ldb, s + g * PA_GROUP_KEYS, lds);
-  pa_prefetch_step(prefetch, (count + 1) / 2);
+  pa_prefetch_step(prefetch, (count + 1) / 2 * (d / PA_TILE_STEP));
 }
 
 /* S[i][j] for i < m and j < n rounded up to 16, group g holding keys
@@ -144,7 +147,8 @@ static void qk_amx(size_t m, size_t n, size_t d, const uint16_t *q, size_t ldq,
   }
   for (; i < m; i += PA_TILE_ROWS) {
     if (i == whole) load_tile_config((int)(m - whole)); /* the last rows */
-    pa_prefetch_span(prefetch, i, PA_MIN(m - i, (size_t)PA_TILE_ROWS), m, pairs);
+    pa_prefetch_span(prefetch, i, PA_MIN(m - i, (size_t)PA_TILE_ROWS), m,
+                     pairs * (d / PA_TILE_STEP));
     qk_row_block(count, d, q + i * ldq, ldq, groups, ldb, s + i * lds, lds, prefetch);
   }
   _tile_release();
@@ -268,12 +272,13 @@ static void pv_block_2x2(const pa_pv_source *v, const char *p, size_t lda, size_
 
 /* The same for one row block (the configuration's rows). */
 static void pv_block_1x2(const pa_pv_source *v, const char *p, size_t lda, size_t c0, size_t c1,
-                         float (*acc)[32]) {
+                         float (*acc)[32], pa_prefetch *prefetch, size_t done) {
   const size_t ldc = 32 * 4;
   uint32_t tail[2][16][16];
   _tile_zero(PA_C00);
   _tile_zero(PA_C01);
   for (size_t t = 0; t < v->steps; t++) {
+    pa_prefetch_step(prefetch, done + t + 1);
     size_t ld0, ld1;
     const char *b0 = pv_b(v, t, c0, tail[0], &ld0), *b1 = pv_b(v, t, c1, tail[1], &ld1);
     _tile_loadd(PA_A0, p + t * PA_TILE_STEP * 2, lda);
@@ -314,18 +319,18 @@ static void pv_amx(size_t m, size_t d, const void *p, size_t ldp, const pa_pv_so
     int two = i + 2 * PA_TILE_ROWS <= whole;
     size_t rows = two ? 2 * PA_TILE_ROWS : PA_MIN(m - i, (size_t)PA_TILE_ROWS);
     if (i == whole && rows < PA_TILE_ROWS) load_tile_config((int)rows);
-    pa_prefetch_span(prefetch, i, rows, m, d / 32);
+    pa_prefetch_span(prefetch, i, rows, m, d / 32 * (two ? 1 : v->steps));
     const char *a = (const char *)p + i * lda;
     for (size_t c = 0; c < d; c += 32, block ^= 1) {
       size_t c0 = c / 16 * v->group_bytes, c1 = c0 + v->group_bytes;
       if (two) {
         pv_block_2x2(v, a, lda, c0, c1, acc[block]);
       } else {
-        pv_block_1x2(v, a, lda, c0, c1, acc[block]);
+        pv_block_1x2(v, a, lda, c0, c1, acc[block], prefetch, c / 32 * v->steps);
       }
       add_pending(&pending, ldo, (const float(*)[32])acc[block ^ 1]);
       pending = (pa_pending_sums){o + i * ldo + c, pa_rescale_from(rescale, i), rows};
-      pa_prefetch_step(prefetch, c / 32 + 1);
+      pa_prefetch_step(prefetch, two ? c / 32 + 1 : (c / 32 + 1) * v->steps);
     }
     i += rows;
   }
