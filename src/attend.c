@@ -246,9 +246,10 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
   return count;
 }
 
-static size_t range_lines(const pa_prefetch *p) {
+/* Cache lines of `count` ranges of these lengths. */
+static size_t range_lines(const size_t *bytes, size_t count) {
   size_t lines = 0;
-  for (size_t r = 0; r < p->count; r++) lines += (p->bytes[r] + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
+  for (size_t r = 0; r < count; r++) lines += (bytes[r] + PA_CACHE_LINE - 1) / PA_CACHE_LINE;
   return lines;
 }
 
@@ -322,8 +323,7 @@ static size_t tiled_read_order(const pa_attention_call *c, const pa_plan_item *i
                                 capacity);
     }
   }
-  pa_prefetch tile = {.start = s->stream_start, .bytes = s->stream_bytes, .count = count};
-  *tile_lines = range_lines(&tile);
+  *tile_lines = range_lines(s->stream_bytes, count);
   if (next_n > 0) {
     count = tiled_side_ranges(c, item, next, next_n, 0, 0, s->stream_start, s->stream_bytes, count,
                               capacity);
@@ -467,7 +467,7 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     all_visible = s->key_lo[i] <= first && s->key_hi[i] >= first + (int64_t)n;
   }
   /* per kernel call */
-  size_t budget = (range_lines(ahead) + 2 * kv_count - 1) / (2 * kv_count);
+  size_t budget = (range_lines(ahead->bytes, ahead->count) + 2 * kv_count - 1) / (2 * kv_count);
 
   if (item_is_packed(c, item)) {
     packed_tile(c, item, s, first, n, k_rows, v_rows, spare, ahead, budget, all_visible);

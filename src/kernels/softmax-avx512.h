@@ -14,9 +14,11 @@
 /* Stores the weights of keys [j, j + 16) of a row (lanes in in_tile). */
 typedef void (*pa512_store_weights)(float *row, size_t j, __m512 weights, __mmask16 in_tile);
 
-/* The zeros after a row's n bf16 weights (see softmax_bf16_rows). */
+/* The zeros after a row's n bf16 weights (see softmax_bf16_rows); none
+ * (and no call) for whole tiles, the common case. */
 PA_INLINE void zero_bf16_tail(float *row, size_t n) {
-  memset((char *)row + n * 2, 0, (pa_bf16_row_keys(n) - n) * 2);
+  size_t pad = pa_bf16_row_keys(n) - n;
+  if (pad) memset((char *)row + n * 2, 0, pad * 2);
 }
 
 /* Base-2 logits of row i's visible columns written over the row (-inf
