@@ -186,8 +186,13 @@ PA_INLINE void store_f32_weights(float *row, size_t j, __m512 weights, __mmask16
   _mm512_mask_storeu_ps(row + j, in_tile, weights);
 }
 
+PA_INLINE void store_f32_weight_pair(float *row, size_t j, __m512 lo, __m512 hi) {
+  _mm512_storeu_ps(row + j, lo);
+  _mm512_storeu_ps(row + j + 16, hi);
+}
+
 static void pa_softmax_avx512(const pa_softmax_tile *t, float *s, size_t lds) {
-  pa512_softmax(t, s, lds, 0, store_f32_weights);
+  pa512_softmax(t, s, lds, 0, store_f32_weights, store_f32_weight_pair);
 }
 
 void pa_attn_kernels_avx512(pa_kernels *k) {

@@ -122,8 +122,10 @@ PA_INLINE __m512 pa512_exp2_poly(__m512 x, const float *c, int count) {
   const __m512 lowest = _mm512_set1_ps(-125.0f);
   __mmask16 keep = _mm512_cmp_ps_mask(x, lowest, _CMP_NLT_UQ);
   x = _mm512_max_ps(lowest, x);
-  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_sub_ps(x, n);
+  /* vreduceps gives f = x - round(x) in one uop, where vrndscaleps takes
+   * two and a subtraction; both are exact. */
+  __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 n = _mm512_sub_ps(x, f);
   __m512 p = _mm512_set1_ps(c[0]);
   for (int i = 1; i < count; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
   return _mm512_maskz_scalef_ps(keep, p, n);
@@ -136,10 +138,11 @@ PA_INLINE __m512 pa512_exp2(__m512 x) {
   return pa512_exp2_poly(x, c, 6);
 }
 
-/* 2^x to 3.7e-6 relative (degree 4): for weights rounded to bf16 later. */
+/* 2^x to 1.0e-4 relative (degree-3 minimax polynomial, exact at 0): for
+ * weights rounded to bf16 later, whose rounding alone is up to 2^-9. */
 PA_INLINE __m512 pa512_exp2_bf16(__m512 x) {
-  const float c[5] = {9.5736943e-3f, 5.5918600e-2f, 2.4024661e-1f, 6.9312167e-1f, 1.0f};
-  return pa512_exp2_poly(x, c, 5);
+  const float c[4] = {5.50089292e-2f, 2.42210969e-1f, 6.93282902e-1f, 1.0f};
+  return pa512_exp2_poly(x, c, 4);
 }
 
 /* tanh(x) = 1 - 2 / (e^(2x) + 1): saturates cleanly at both ends. */

@@ -88,7 +88,7 @@ typedef struct pa_softmax_tile {
   float *row_max;          /* [m] running maximum (base 2), -inf before the first key */
   float *row_sum;          /* [m] running sum of 2^(x - row_max) */
   float *rescale;          /* [m] out: factor for row i of O */
-  int bf16_weights;        /* the weights will be rounded to bf16: an exp good to ~4e-6 will do */
+  int bf16_weights;        /* the weights will be rounded to bf16: an exp good to ~1e-4 will do */
 } pa_softmax_tile;
 
 #define PA_LOG2E 1.44269504088896341f

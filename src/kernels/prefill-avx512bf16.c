@@ -274,8 +274,14 @@ PA_INLINE void store_bf16_weights(float *row, size_t j, __m512 weights, __mmask1
   _mm256_mask_storeu_epi16((char *)row + j * 2, in_tile, (__m256i)_mm512_cvtneps_pbh(weights));
 }
 
+/* Weights are 0 or normal (pa512_exp2_poly), which vcvtne2ps2bf16 rounds
+ * as pa_f32_to_bf16 does (it would flush subnormals). */
+PA_INLINE void store_bf16_weight_pair(float *row, size_t j, __m512 lo, __m512 hi) {
+  _mm512_storeu_si512((char *)row + j * 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
 static void pa_softmax_bf16_rows_avx512bf16(const pa_softmax_tile *t, float *s, size_t lds) {
-  pa512_softmax(t, s, lds, 1, store_bf16_weights);
+  pa512_softmax(t, s, lds, 1, store_bf16_weights, store_bf16_weight_pair);
 }
 
 /* These packed kernels overtake the direct ones (whose Q K^T blocks end in a

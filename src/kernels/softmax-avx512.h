@@ -13,6 +13,9 @@
 
 /* Stores the weights of keys [j, j + 16) of a row (lanes in in_tile). */
 typedef void (*pa512_store_weights)(float *row, size_t j, __m512 weights, __mmask16 in_tile);
+/* Stores the weights of keys [j, j + 16) and [j + 16, j + 32): a pair
+ * converts to bf16 in one instruction. */
+typedef void (*pa512_store_weight_pair)(float *row, size_t j, __m512 lo, __m512 hi);
 
 /* The zeros after a row's n bf16 weights (see softmax_bf16_rows); none
  * (and no call) for whole tiles, the common case. */
@@ -77,15 +80,19 @@ PA_INLINE __m512 raw_max_row(size_t n, const float *row) {
  * raw_max_row) skips writing logits: its weights are 2^(s * c - max) with
  * c the score scale in base 2, one FMA from the raw score. */
 PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, const int bf16_rows,
-                             pa512_store_weights store) {
+                             pa512_store_weights store, pa512_store_weight_pair store_pair) {
   const int plain = !t->key_lo && t->soft_cap == 0.0f && !t->alibi;
+  const int rounded = bf16_rows || t->bf16_weights;
+  /* In a local: the stores through `row` may alias *t as far as the
+   * compiler knows, and t->n would be reloaded after each. */
+  const size_t n = t->n;
   const float c = t->score_scale * PA_LOG2E;
   __m512 lanes[16];
   for (size_t i0 = 0; i0 < t->m; i0 += 16) {
     size_t rows = t->m - i0 < 16 ? t->m - i0 : 16; /* >= 1 as i0 < m */
     for (size_t r = 0; r < rows; r++) {            // cppcheck-suppress knownConditionTrueFalse
       float *row = s + (i0 + r) * lds;
-      lanes[r] = plain ? raw_max_row(t->n, row) : logits_row(t, i0 + r, row);
+      lanes[r] = plain ? raw_max_row(n, row) : logits_row(t, i0 + r, row);
     }
     for (size_t r = rows; r < 16; r++) lanes[r] = _mm512_set1_ps(-INFINITY);
     __m512 tile_max = pa512_reduce16_with(lanes, pa512_max);
@@ -110,9 +117,9 @@ PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, con
     for (size_t r = 0; r < rows; r++) {  // cppcheck-suppress knownConditionTrueFalse
       float *row = s + (i0 + r) * lds;
       if (none & (1u << r)) { /* no key seen yet: nothing to weigh */
-        for (size_t j = 0; j < t->n; j += 16)
-          store(row, j, _mm512_setzero_ps(), pa512_tail_mask(t->n - j));
-        if (bf16_rows) zero_bf16_tail(row, t->n);
+        for (size_t j = 0; j < n; j += 16)
+          store(row, j, _mm512_setzero_ps(), pa512_tail_mask(n - j));
+        if (bf16_rows) zero_bf16_tail(row, n);
         continue;
       }
       __m512 scale = _mm512_set1_ps(plain ? c : 1.0f),
@@ -122,23 +129,24 @@ PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, con
        * store and a reload. */
       __m512 total = _mm512_setzero_ps();
       size_t j = 0;
-      /* Whole vectors without masks, then the tail (docs/code-figures.md,
-       * AVX-512 pa_softmax_avx512). */
-      for (; j + 16 <= t->n; j += 16) {
-        __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(row + j), scale, minus);
-        __m512 weight = bf16_rows || t->bf16_weights ? pa512_exp2_bf16(x) : pa512_exp2(x);
-        store(row, j, weight, 0xffff);
-        total = _mm512_add_ps(total, weight);
+      /* Whole pairs of vectors without masks, then the tail
+       * (docs/code-figures.md, AVX-512 pa_softmax_avx512). */
+      for (; j + 32 <= n; j += 32) {
+        __m512 lo = _mm512_fmadd_ps(_mm512_loadu_ps(row + j), scale, minus);
+        __m512 hi = _mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), scale, minus);
+        lo = rounded ? pa512_exp2_bf16(lo) : pa512_exp2(lo);
+        hi = rounded ? pa512_exp2_bf16(hi) : pa512_exp2(hi);
+        store_pair(row, j, lo, hi);
+        total = _mm512_add_ps(total, _mm512_add_ps(lo, hi));
       }
-      if (j < t->n) {
-        __mmask16 in_tile = pa512_tail_mask(t->n - j);
+      for (; j < n; j += 16) {
+        __mmask16 in_tile = pa512_tail_mask(n - j);
         __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_tile, row + j), scale, minus);
-        __m512 weight = _mm512_maskz_mov_ps(
-            in_tile, bf16_rows || t->bf16_weights ? pa512_exp2_bf16(x) : pa512_exp2(x));
+        __m512 weight = _mm512_maskz_mov_ps(in_tile, rounded ? pa512_exp2_bf16(x) : pa512_exp2(x));
         store(row, j, weight, in_tile);
         total = _mm512_add_ps(total, weight);
       }
-      if (bf16_rows) zero_bf16_tail(row, t->n);
+      if (bf16_rows) zero_bf16_tail(row, n);
       lanes[r] = total;
     }
     sum = _mm512_add_ps(sum, pa512_reduce16(lanes));
