@@ -45,6 +45,11 @@ static void load_tile_config(int rows) {
   _tile_loadconfig(config);
 }
 
+/* The rows of a call's first configuration: 16, or all of a call of fewer
+ * (a decode's), which then needs no second one; each costs about as much as
+ * a few products. */
+static int first_rows(size_t m) { return m < PA_TILE_ROWS ? (int)m : PA_TILE_ROWS; }
+
 /* C tiles 0-3 (row block r, column block c: tile 2r + c), A tiles 4-5, B
  * tiles 6-7. Tile numbers are immediates, hence macros. */
 #define PA_C00 0
@@ -132,7 +137,7 @@ static void qk_amx(size_t m, size_t n, size_t d, const uint16_t *q, size_t ldq,
                    pa_prefetch *prefetch) {
   size_t count = (n + PA_GROUP_KEYS - 1) / PA_GROUP_KEYS, pairs = (count + 1) / 2;
   size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS, i = 0;
-  load_tile_config(PA_TILE_ROWS);
+  load_tile_config(first_rows(m));
   for (; i + 2 * PA_TILE_ROWS <= whole; i += 2 * PA_TILE_ROWS) {
     pa_prefetch_span(prefetch, i, 2 * PA_TILE_ROWS, m, pairs);
     size_t g = 0;
@@ -146,7 +151,7 @@ static void qk_amx(size_t m, size_t n, size_t d, const uint16_t *q, size_t ldq,
     pa_prefetch_step(prefetch, pairs);
   }
   for (; i < m; i += PA_TILE_ROWS) {
-    if (i == whole) load_tile_config((int)(m - whole)); /* the last rows */
+    if (i == whole && i > 0) load_tile_config((int)(m - whole)); /* the last rows */
     pa_prefetch_span(prefetch, i, PA_MIN(m - i, (size_t)PA_TILE_ROWS), m,
                      pairs * (d / PA_TILE_STEP));
     qk_row_block(count, d, q + i * ldq, ldq, groups, ldb, s + i * lds, lds, prefetch);
@@ -314,11 +319,11 @@ static void pv_amx(size_t m, size_t d, const void *p, size_t ldp, const pa_pv_so
   float acc[2][2 * PA_TILE_ROWS][32];
   pa_pending_sums pending = {NULL, NULL, 0};
   size_t block = 0;
-  load_tile_config(PA_TILE_ROWS);
+  load_tile_config(first_rows(m));
   for (size_t i = 0; i < m;) {
     int two = i + 2 * PA_TILE_ROWS <= whole;
     size_t rows = two ? 2 * PA_TILE_ROWS : PA_MIN(m - i, (size_t)PA_TILE_ROWS);
-    if (i == whole && rows < PA_TILE_ROWS) load_tile_config((int)rows);
+    if (i == whole && i > 0 && rows < PA_TILE_ROWS) load_tile_config((int)rows);
     pa_prefetch_span(prefetch, i, rows, m, d / 32 * (two ? 1 : v->steps));
     const char *a = (const char *)p + i * lda;
     for (size_t c = 0; c < d; c += 32, block ^= 1) {
