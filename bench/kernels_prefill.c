@@ -114,6 +114,7 @@ static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c
       t.pv += t4 - t3;
     }
   }
+  if (k->release_tiles) k->release_tiles(); /* before the next roofline's tiles */
   free(q), free(q_act), free(kv), free(q_f32), free(s), free(o), free(row_max), free(row_sum);
   free(rescale), free(k_packed), free(v_packed), free(k_rows), free(v_rows);
   return t;

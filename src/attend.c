@@ -661,6 +661,7 @@ static void merge_rows(const pa_attention_call *c, const pa_split_group *g, size
 static void item_task(void *arg, size_t index, int thread) {
   const pa_attention_call *c = arg;
   attend_item(c, &c->plan->items[index], thread);
+  if (c->kernels->release_tiles) c->kernels->release_tiles();
 }
 
 /* Task `index` merges chunk index % merge_chunks of group index / merge_chunks. */

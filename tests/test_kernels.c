@@ -919,6 +919,18 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
 
 /* tiled_rng: the tiled caches' tests draw from their own generator, so the
  * other tests' data stays what it was before them. */
+/* A family whose kernels keep the tile configuration between calls
+ * (release_tiles): the call after a release loads it again, whatever rows
+ * the call before had (one that found the tiles released would fault). */
+static void test_release_tiles(const pa_kernels *k, const pa_kernels *s, tu_rng *rng) {
+  for (int round = 0; round < 4; round++) {
+    k->release_tiles();
+    k->release_tiles(); /* twice: nothing to release the second time */
+    test_packed(&k->attn[PA_BF16][PA_BF16], &s->attn[PA_BF16][PA_BF16], PA_BF16, PA_BF16, rng);
+  }
+  k->release_tiles();
+}
+
 static void test_family(pa_isa isa, int bf16_dot, const pa_kernels *scalar, tu_rng *rng,
                         tu_rng *tiled_rng) {
   pa_kernels k;
@@ -958,6 +970,7 @@ static void test_family(pa_isa isa, int bf16_dot, const pa_kernels *scalar, tu_r
   if (!tiled_pairs)
     printf("test_kernels: %s: no dtype pair reads tiled caches in place (qk_tiled), skipped\n",
            g_family);
+  if (k.release_tiles) test_release_tiles(&k, scalar, rng);
   printf("test_kernels: %s family checked against scalar\n", g_family);
 }
 

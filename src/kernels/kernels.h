@@ -231,6 +231,12 @@ typedef struct pa_kernels {
   /* By activation and cache dtype; entries no family sets get the f32
    * path: load_row[act], qk[cache], pv[cache], pack_*[cache], *_packed. */
   pa_attn_ops attn[PA_NUM_ACT_DTYPES][PA_NUM_DTYPES];
+  /* NULL, or the family's kernels keep a thread's tile configuration
+   * loaded from one call to the next (loading one costs about as much as a
+   * decode call's products): whoever calls them calls this on that thread
+   * before it runs other tile code or returns to the library's caller, who
+   * then finds the tiles released, as after any call of the library. */
+  void (*release_tiles)(void);
 } pa_kernels;
 
 /* O[i][:] *= rescale[i] (nothing when rescale is NULL; a zero factor

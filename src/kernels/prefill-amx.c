@@ -12,9 +12,10 @@
  * The tiles take 32-element steps of the head whole: head sizes that are
  * not a multiple of 32 go to the AVX512-BF16 kernels on the packed layouts
  * (and read a tiled cache through rows). The last rows of a call take
- * tiles of fewer rows (a second configuration). The tile configuration is
- * loaded at every call and released at its end: the thread's other code
- * (a GEMM library) may use the tiles with its own. */
+ * tiles of fewer rows (a second configuration). A configuration stays
+ * loaded from one call to the next on a thread until release_tiles
+ * (pa_kernels): the thread's other code (a GEMM library) may use the tiles
+ * with its own after that. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -29,11 +30,17 @@ enum {
   PA_MAX_STEPS = PA_PACK_KEYS / 32,             /* P V key steps per call */
 };
 
+/* The rows of the C and A tiles of the thread's loaded configuration; 0:
+ * none loaded (the tiles released). */
+static _Thread_local int g_loaded_rows;
+
 /* The 64-byte tile configuration (palette 1): byte 0 the palette, bytes
  * 16 + 2t the bytes per row of tile t, byte 48 + t its rows. The C and A
  * tiles (0-5) take `rows` rows (16, or a call's last rows), the B tiles 16;
- * every row is 64 bytes. */
+ * every row is 64 bytes. Loaded unless it is loaded already. */
 static void load_tile_config(int rows) {
+  if (g_loaded_rows == rows) return;
+  g_loaded_rows = rows;
   uint8_t config[64];
   memset(config, 0, sizeof config);
   config[0] = 1;
@@ -46,8 +53,7 @@ static void load_tile_config(int rows) {
 }
 
 /* The rows of a call's first configuration: 16, or all of a call of fewer
- * (a decode's), which then needs no second one; each costs about as much as
- * a few products. */
+ * (a decode's), which then needs no second one. */
 static int first_rows(size_t m) { return m < PA_TILE_ROWS ? (int)m : PA_TILE_ROWS; }
 
 /* C tiles 0-3 (row block r, column block c: tile 2r + c), A tiles 4-5, B
@@ -156,7 +162,6 @@ static void qk_amx(size_t m, size_t n, size_t d, const uint16_t *q, size_t ldq,
                      pairs * (d / PA_TILE_STEP));
     qk_row_block(count, d, q + i * ldq, ldq, groups, ldb, s + i * lds, lds, prefetch);
   }
-  _tile_release();
 }
 
 /* Columns past n up to a multiple of 16 are written (zeros' products: the
@@ -340,7 +345,6 @@ static void pv_amx(size_t m, size_t d, const void *p, size_t ldp, const pa_pv_so
     i += rows;
   }
   add_pending(&pending, ldo, (const float(*)[32])acc[block ^ 1]);
-  _tile_release();
 }
 
 static void pa_pv_packed_bf16_amx(size_t m, size_t n, size_t d, const void *p, size_t ldp,
@@ -419,10 +423,17 @@ PA_DEFINE_PACK_V(bf16)
 PA_DEFINE_PACK_V(e4m3)
 PA_DEFINE_PACK_V(e5m2)
 
+static void pa_release_tiles_amx(void) {
+  if (!g_loaded_rows) return;
+  _tile_release();
+  g_loaded_rows = 0;
+}
+
 /* Over the AVX512-BF16 registration: the bf16-activation pairs whose packed
  * kernels use the bf16 pair layouts get the tiles for their products, and
  * a tiled bf16 cache is read in place. */
 void pa_prefill_kernels_amx(pa_kernels *k) {
+  k->release_tiles = pa_release_tiles_amx;
   static const pa_pack_fn pack_v[PA_NUM_DTYPES] = {[PA_BF16] = pa_pack_v_bf16_amx,
                                                    [PA_FP8_E4M3] = pa_pack_v_e4m3_amx,
                                                    [PA_FP8_E5M2] = pa_pack_v_e5m2_amx};
