@@ -290,10 +290,11 @@ static size_t tiled_side_ranges(const pa_attention_call *c, const pa_plan_item *
   return count;
 }
 
-/* How far the tiles' kernels request ahead of their reads: a few B tiles'
- * steps, so that the lines arrive in L2 just before the tile loads that
- * wait on them (docs/xeon-amx.md, "Requests just ahead of the tiles"). */
-enum { PA_STREAM_LEAD = 8192 };
+/* How far the tiles' kernels request ahead of their reads: far enough for
+ * lines from DRAM to arrive in L2 before the tile loads that wait on them,
+ * not so far that they push out lines still to be read (docs/xeon-amx.md,
+ * "Requests just ahead of the tiles", "The requests' lead"). */
+enum { PA_STREAM_LEAD = 32768 };
 
 /* Moves the requests' cursor `bytes` on without requesting them. */
 static void stream_skip(pa_prefetch *p, size_t bytes) {
@@ -308,10 +309,18 @@ static void stream_skip(pa_prefetch *p, size_t bytes) {
   }
 }
 
+/* Bytes of `count` ranges. */
+static size_t range_total(const size_t *bytes, size_t count) {
+  size_t total = 0;
+  for (size_t r = 0; r < count; r++) total += bytes[r];
+  return total;
+}
+
 /* A direct item's reads over a tiled cache in the order the tiles' kernels
  * make them: K of every KV head, then V of every head, of keys [first,
- * first + n), then the next tile's first K (next_n keys from `next`);
- * *tile_lines counts the lines of this tile's. */
+ * first + n), then as much of the next tile's (next_n keys from `next`, in
+ * the same order) as the requests run ahead; *tile_lines counts the lines
+ * of this tile's. */
 static size_t tiled_read_order(const pa_attention_call *c, const pa_plan_item *item,
                                const pa_item_scratch *s, int64_t first, int64_t n, int64_t next,
                                int64_t next_n, size_t *tile_lines) {
@@ -324,9 +333,13 @@ static size_t tiled_read_order(const pa_attention_call *c, const pa_plan_item *i
     }
   }
   *tile_lines = range_lines(s->stream_bytes, count);
-  if (next_n > 0) {
-    count = tiled_side_ranges(c, item, next, next_n, 0, 0, s->stream_start, s->stream_bytes, count,
-                              capacity);
+  size_t tile_bytes = range_total(s->stream_bytes, count), listed = 0;
+  for (int side = 0; side < 2 && next_n > 0 && listed < PA_STREAM_LEAD; side++) {
+    for (int64_t h = 0; h < heads && listed < PA_STREAM_LEAD; h++) {
+      count = tiled_side_ranges(c, item, next, next_n, h, side, s->stream_start, s->stream_bytes,
+                                count, capacity);
+      listed = range_total(s->stream_bytes, count) - tile_bytes;
+    }
   }
   return count;
 }
