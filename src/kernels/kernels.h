@@ -114,8 +114,9 @@ static inline size_t pa_bf16_row_keys(size_t n) {
  *   bf16 K: pairs kt[(e / 2) * PA_PACK_KEYS + j] = (k_j[e], k_j[e + 1])
  *   bf16 V: pairs v[(j / 2) * ldv + e] = (v_j[e], v_{j+1}[e]) (v_n = 0)
  * A family whose kernels walk the tile otherwise may pack it in an order of
- * its own (AVX2: 16-key panels, prefill-avx2.c); a pack and the products
- * that read it always come from one family. Each fits in
+ * its own (AVX2: 16-key panels, prefill-avx2.c; AVX-512 f32: 64-key and
+ * 64-column panels, prefill-avx512.c); a pack and the products that read
+ * it always come from one family. Each fits in
  * pa_packed_bytes(d). */
 enum { PA_PACK_KEYS = 128 };
 

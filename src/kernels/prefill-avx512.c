@@ -1,15 +1,37 @@
-/* Packed-tile micro-kernels for prefill, AVX-512 f32 (layouts in kernels.h).
+/* Packed-tile micro-kernels for prefill, AVX-512 f32.
  *
  * Packing K transposes it 16 x 16 at a time so that S = Q K^T becomes a
  * register-blocked outer product: 6 query rows x 64 keys of accumulators,
  * one broadcast of q[i][e] per row and four loads of K^T per step e. O += P V
  * is the same shape over V's columns. Each tile is packed once and used by
- * every query row of the item. */
+ * every query row of the item.
+ *
+ * The layouts are kernels.h's cut into the panels the register blocks walk:
+ * K^T in panels of 64 keys (kt_at), V in panels of 64 columns (v_at), each
+ * contiguous. In kernels.h's rows of PA_PACK_KEYS (512 bytes) a block's
+ * 256-byte slices of the rows fall in half the L1 sets, more lines than
+ * their ways hold, and every row block read its panel from L2 again
+ * (docs/xeon-amx.md, "f32 packed panels"). */
 #include "avx512-common.h"
 #include "kernels.h"
 #include "prefetch.h"
 
 typedef __m512 (*pa512_loader)(const void *, __mmask16);
+
+enum { PA_PANEL = 64 }; /* keys of a K^T panel, columns of a V panel */
+
+/* K^T: element e of key j. */
+PA_INLINE size_t kt_at(size_t j, size_t e, size_t d) {
+  return j / PA_PANEL * PA_PANEL * d + e * PA_PANEL + j % PA_PANEL;
+}
+
+/* V (rows padded to ldv, a multiple of 16, columns): column e of key j, in
+ * the panel of width v_panel_width(e / 64 * 64). */
+PA_INLINE size_t v_panel_width(size_t c0, size_t ldv) { return PA_MIN(ldv - c0, (size_t)PA_PANEL); }
+PA_INLINE size_t v_at(size_t j, size_t e, size_t ldv) {
+  size_t c0 = e / PA_PANEL * PA_PANEL;
+  return c0 * PA_PACK_KEYS + j * v_panel_width(c0, ldv) + e % PA_PANEL;
+}
 
 PA_INLINE void pack_k(pa512_loader load, size_t elem, void *dst, const void *const *rows, size_t n,
                       size_t d) {
@@ -25,7 +47,7 @@ PA_INLINE void pack_k(pa512_loader load, size_t elem, void *dst, const void *con
       }
       pa512_transpose16(block);
       for (size_t e = 0; e < 16 && e0 + e < d; e++)
-        _mm512_storeu_ps(kt + (e0 + e) * PA_PACK_KEYS + j0, block[e]);
+        _mm512_storeu_ps(kt + kt_at(j0, e0 + e, d), block[e]);
     }
   }
 }
@@ -36,7 +58,7 @@ PA_INLINE void pack_v(pa512_loader load, size_t elem, void *dst, const void *con
   size_t ldv = (d + 15) / 16 * 16;
   for (size_t j = 0; j < n; j++) {
     for (size_t e = 0; e < d; e += 16) {
-      _mm512_storeu_ps(v + j * ldv + e,
+      _mm512_storeu_ps(v + v_at(j, e, ldv),
                        load((const char *)rows[j] + e * elem, pa512_tail_mask(d - e)));
     }
   }
@@ -71,7 +93,7 @@ PA_INLINE void qk_block(const int rows, const int cols, size_t keys, size_t d, c
   }
   for (size_t e = 0; e < d; e++) {
     pa_prefetch_packed(prefetch, e);
-    const float *k = kt + e * PA_PACK_KEYS;
+    const float *k = kt + e * PA_PANEL;
     __m512 kv[4];
     for (int c = 0; c < cols; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
     for (int r = 0; r < rows; r++) {
@@ -88,13 +110,14 @@ static void pa_qk_packed_f32_avx512(size_t m, size_t n, size_t d, const void *q_
                                     const void *k_packed, float *s, size_t lds,
                                     pa_prefetch *prefetch) {
   const float *q = q_rows, *kt = k_packed;
-  /* 64 keys at a time, the last block in as many 16-key columns as it
-   * needs (a causal diagonal ends anywhere); K^T rows are PA_PACK_KEYS
-   * apart. The requests are spread over the row x key products. */
-  for (size_t k0 = 0; k0 < n; k0 += 64) {
-    size_t keys = PA_MIN(n - k0, 64);
-#define QK_BLOCK(rows, i)                                                                   \
-  qk_block(rows, cols, keys, d, q + (i)*ldq, ldq, kt + k0, s + (i)*lds + k0, lds, prefetch, \
+  /* A K^T panel at a time, the last block in as many 16-key columns as it
+   * needs (a causal diagonal ends anywhere). The requests are spread over
+   * the row x key products. */
+  for (size_t k0 = 0; k0 < n; k0 += PA_PANEL) {
+    size_t keys = PA_MIN(n - k0, (size_t)PA_PANEL);
+    const float *panel = kt + kt_at(k0, 0, d);
+#define QK_BLOCK(rows, i)                                                                 \
+  qk_block(rows, cols, keys, d, q + (i)*ldq, ldq, panel, s + (i)*lds + k0, lds, prefetch, \
            k0 * m + (i)*keys, m * n)
     PA_FOR_COLUMN_VECTORS(keys, PA_PACKED_ROW_BLOCKS(m, QK_BLOCK));
 #undef QK_BLOCK
@@ -114,8 +137,9 @@ PA_INLINE void pv_block(const int rows, const int cols, const int partial, size_
   const __mmask16 last = partial ? pa512_tail_mask(d - c0 - 16 * (size_t)(cols - 1)) : 0xffff;
   __m512 acc[6][4];
   pa512_load_o_block(rows, cols, partial, last, o + c0, ldo, rescale, acc);
-  const float *vj = v + c0;
-  for (size_t j = 0; j < n; j++, vj += ldv) {
+  const float *vj = v + v_at(0, c0, ldv);
+  const size_t row_stride = v_panel_width(c0, ldv);
+  for (size_t j = 0; j < n; j++, vj += row_stride) {
     pa_prefetch_packed(prefetch, j);
     __m512 vc[4];
     for (int c = 0; c < cols; c++) vc[c] = _mm512_loadu_ps(vj + 16 * c);
