@@ -233,10 +233,10 @@ typedef struct pa_kernels {
    * path: load_row[act], qk[cache], pv[cache], pack_*[cache], *_packed. */
   pa_attn_ops attn[PA_NUM_ACT_DTYPES][PA_NUM_DTYPES];
   /* NULL, or the family's kernels keep a thread's tile configuration
-   * loaded from one call to the next (loading one costs about as much as a
-   * decode call's products): whoever calls them calls this on that thread
-   * before it runs other tile code or returns to the library's caller, who
-   * then finds the tiles released, as after any call of the library. */
+   * loaded from one call to the next (docs/xeon-amx.md, "The tile
+   * configuration"): whoever calls them calls this on that thread before
+   * it runs other tile code or returns to the library's caller, who then
+   * finds the tiles released, as after any call of the library. */
   void (*release_tiles)(void);
 } pa_kernels;
 
