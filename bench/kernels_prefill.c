@@ -37,6 +37,7 @@ static const prefill_case cases[] = {
     {"bf16_tiled", PA_BF16, PA_BF16, 128, 128},
     {"bf16_tiled_bs16", PA_BF16, PA_BF16, 128, 16},
     {"bf16_hs64_tiled", PA_BF16, PA_BF16, 64, 128},
+    {"fp8_e4m3_tiled", PA_BF16, PA_FP8_E4M3, 128, 128},
 };
 
 typedef struct prefill_times {
@@ -91,10 +92,13 @@ static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c
     if (!c->tiled_block) {
       ops->pack_k(k_packed, k_rows, n, d);
       ops->pack_v(v_packed, v_rows, n, d);
+    } else if (ops->stage_tiled[0]) { /* FP8: converted for the tiles */
+      ops->stage_tiled[0](k_packed, k_rows, n, d, c->tiled_block);
+      ops->stage_tiled[1](v_packed, v_rows, n, d, c->tiled_block);
     }
     double t1 = pab_now();
     if (c->tiled_block) {
-      ops->qk_tiled(m, n, d, q, ldq, k_rows, s, n, NULL);
+      ops->qk_tiled(m, n, d, q, ldq, k_rows, k_packed, s, n, NULL);
     } else {
       ops->qk_packed(m, n, d, q, ldq, k_packed, s, n, NULL);
     }

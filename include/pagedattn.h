@@ -206,9 +206,11 @@ PA_API void pa_layer_destroy(pa_layer *layer);
  * A tiled cache needs block_size and head_size multiples of 16
  * (PA_ERR_UNSUPPORTED otherwise). Every kernel path reads both orders; on
  * the amx path bf16 activations over a tiled bf16 cache feed the tiles
- * straight from the cache (no packing per call), and on the avx512bf16
- * path with the bf16 dot products the same pair is read in place by dot
- * products over the same groups; the other paths and dtype pairs read a
+ * straight from the cache (no packing per call), over a tiled FP8 cache
+ * through a conversion of each tile to bf16 in the same order (no
+ * transposes), and on the avx512bf16 path with the bf16 dot products the
+ * bf16 pair is read in place by dot products over the same groups; the
+ * other paths and dtype pairs read a
  * tiled cache through a copy into rows per tile. pa_kv_layout_preferred
  * says which order is the faster here. */
 typedef enum pa_kv_layout {
@@ -234,8 +236,9 @@ typedef struct pa_kv_cache {
 
 /* 0.3: the layout whose reads are fastest on this context's kernel path for
  * activations of act_dtype over a cache of cache_dtype with this geometry:
- * PA_KV_TILED where the AMX tiles read it in place (see pa_kv_layout),
- * PA_KV_ROWS otherwise (and for arguments no cache could have). */
+ * PA_KV_TILED where the AMX tiles read it in place or converted per tile
+ * (see pa_kv_layout), PA_KV_ROWS otherwise (and for arguments no cache could
+ * have). */
 PA_API pa_kv_layout pa_kv_layout_preferred(const pa_context *ctx, pa_dtype act_dtype,
                                            pa_dtype cache_dtype, int block_size, int head_size);
 

@@ -395,6 +395,17 @@ static const void **head_rows(const pa_attention_call *c, const pa_item_scratch 
   return spare;
 }
 
+/* A side's tile converted for the tiles' products, where the pair's cache
+ * needs it (FP8): into k_packed or v_packed, the stage those products get. */
+static void stage_tiles(const pa_attention_call *c, const pa_item_scratch *s, int side,
+                        const void **anchors, size_t n) {
+  pa_stage_tiled_fn stage = c->ops->stage_tiled[side];
+  if (stage) {
+    stage(side ? s->v_packed : s->k_packed, anchors, n, (size_t)c->layer->head_size,
+          (size_t)c->kv.block_size);
+  }
+}
+
 /* The keys of [first, first + n) that rows [r0, r0 + m) see some of: a
  * prefix of the tile, empty when none of them sees any. */
 static size_t seen_prefix(const pa_item_scratch *s, size_t r0, size_t m, int64_t first, size_t n) {
@@ -431,6 +442,8 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
     if (tiles) {
       k = head_anchors(c, k_rows, n, kv, spare[kv & 1][0]);
       v = head_anchors(c, v_rows, n, kv, spare[kv & 1][1]);
+      stage_tiles(c, s, 0, k, n);
+      stage_tiles(c, s, 1, v, n);
     } else {
       c->ops->pack_k(s->k_packed, head_rows(c, s, k_rows, n, kv, 0, spare[kv & 1][0]), n, d);
       c->ops->pack_v(s->v_packed, head_rows(c, s, v_rows, n, kv, 1, spare[kv & 1][1]), n, d);
@@ -444,7 +457,7 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
       float *scores = s->s + r0 * tile, *o = s->o + r0 * s->ldo;
       pa_prefetch_begin(ahead, share);
       if (tiles) {
-        c->ops->qk_tiled(m, keys, d, q, ldq, k, scores, tile, requests);
+        c->ops->qk_tiled(m, keys, d, q, ldq, k, s->k_packed, scores, tile, requests);
       } else {
         c->ops->qk_packed(m, keys, d, q, ldq, s->k_packed, scores, tile, requests);
       }
@@ -499,8 +512,9 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     pa_prefetch_begin(ahead, budget);
     if (stream) pa_prefetch_begin(stream, stream_budget);
     if (tiles) {
-      c->ops->qk_tiled(m_kv, n, d, q, ldq, head_anchors(c, k_rows, n, kv, spare[kv & 1][0]),
-                       s->s + r0 * tile, tile, requests);
+      const void **k = head_anchors(c, k_rows, n, kv, spare[kv & 1][0]);
+      stage_tiles(c, s, 0, k, n);
+      c->ops->qk_tiled(m_kv, n, d, q, ldq, k, s->k_packed, s->s + r0 * tile, tile, requests);
     } else {
       c->ops->qk(m_kv, n, d, q, ldq, head_rows(c, s, k_rows, n, kv, 0, spare[kv & 1][0]),
                  s->s + r0 * tile, tile, ahead);
@@ -513,8 +527,9 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     pa_prefetch_begin(ahead, budget);
     if (stream) pa_prefetch_begin(stream, stream_budget);
     if (tiles) {
-      c->ops->pv_tiled(m_kv, n, d, s->s + r0 * tile, tile,
-                       head_anchors(c, v_rows, n, kv, spare[kv & 1][1]), (size_t)c->kv.block_size,
+      const void **v = head_anchors(c, v_rows, n, kv, spare[kv & 1][1]);
+      stage_tiles(c, s, 1, v, n);
+      c->ops->pv_tiled(m_kv, n, d, s->s + r0 * tile, tile, v, (size_t)c->kv.block_size,
                        s->v_packed, o, s->ldo, s->rescale + r0, requests);
     } else {
       c->ops->pv(m_kv, n, d, s->s + r0 * tile, tile,

@@ -192,7 +192,9 @@ static void check_preferred(const pa_context *ctx, const char *what) {
                    "%s: pa_kv_layout_preferred(%s, %s, %d, %d) = %d", what,
                    pa_dtype_name((pa_dtype)a), pa_dtype_name((pa_dtype)c), blocks[b], heads[h],
                    (int)l);
-          TU_CHECK(l == PA_KV_ROWS || (amx && a == PA_BF16 && c == PA_BF16),
+          /* The tiles read bf16 caches in place and FP8 ones converted per tile. */
+          int tiles = amx && a == PA_BF16 && (c == PA_BF16 || c >= PA_FP8_E4M3);
+          TU_CHECK(l == PA_KV_ROWS || tiles,
                    "%s: pa_kv_layout_preferred(%s, %s, %d, %d) is PA_KV_TILED on path %s", what,
                    pa_dtype_name((pa_dtype)a), pa_dtype_name((pa_dtype)c), blocks[b], heads[h],
                    path ? path : "(null)");

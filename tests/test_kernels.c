@@ -852,7 +852,11 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
                        1.0f);
     }
     for (size_t i = 0; i < m * lds; i++) got[i] = -1234.5f;
-    k->qk_tiled(m, n, d, q_k, ldq, anchors[0], got, lds, NULL);
+    void *k_stage = malloc(pa_packed_bytes(d)); /* the kernel's scratch, stale NaN */
+    memset(k_stage, 0xff, pa_packed_bytes(d));
+    if (k->stage_tiled[0]) k->stage_tiled[0](k_stage, anchors[0], n, d, bs);
+    k->qk_tiled(m, n, d, q_k, ldq, anchors[0], k_stage, got, lds, NULL);
+    free(k_stage);
     s->pack_k(sp, unpacked[0].ptr, n, d);
     s->qk_packed(m, n, d, q_s, ldq, sp, want, lds, NULL);
     size_t written = (n + 15) / 16 * 16;
@@ -888,6 +892,7 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
     void *stage = malloc(pa_packed_bytes(d)); /* the kernel's scratch, stale NaN */
     memset(stage, 0xff, pa_packed_bytes(d));
     void *p_rows = malloc(m * lds * 4);
+    if (k->stage_tiled[1]) k->stage_tiled[1](stage, anchors[1], n, d, bs);
     k->pv_tiled(m, n, d, packed_p(k, p, m, n, lds, p_rows), lds, anchors[1], bs, stage, o_got, ldo,
                 rescale, NULL);
     free(stage), free(p_rows);

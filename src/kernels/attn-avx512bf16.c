@@ -16,13 +16,23 @@
 #include "prefetch.h"
 
 uint16_t pa_e4m3_bf16[128], pa_e5m2_bf16[128];
+pa_fp8_bytes pa_e4m3_bytes, pa_e5m2_bytes;
 static pthread_once_t pa_tables_once = PTHREAD_ONCE_INIT;
+
+static void split_table(const uint16_t *words, pa_fp8_bytes *bytes) {
+  for (int m = 0; m < 128; m++) {
+    bytes->low[m] = (uint8_t)(words[m] & 0xff);
+    bytes->high[m] = (uint8_t)(words[m] >> 8);
+  }
+}
 
 static void build_tables(void) {
   for (int m = 0; m < 128; m++) {
     pa_e4m3_bf16[m] = pa_f32_to_bf16(pa_e4m3_to_f32((uint8_t)m));
     pa_e5m2_bf16[m] = pa_f32_to_bf16(pa_e5m2_to_f32((uint8_t)m));
   }
+  split_table(pa_e4m3_bf16, &pa_e4m3_bytes);
+  split_table(pa_e5m2_bf16, &pa_e5m2_bytes);
 }
 
 void pa_bf16_tables_init(void) { pthread_once(&pa_tables_once, build_tables); }

@@ -14,36 +14,6 @@
 #include "avx512bf16-common.h"
 #include "prefetch.h"
 
-/* Low and high bytes of the bf16 code of each FP8 magnitude (7 bits). */
-typedef struct pa_fp8_bytes {
-  uint8_t low[128], high[128];
-} pa_fp8_bytes;
-
-static pa_fp8_bytes pa_e4m3_bytes, pa_e5m2_bytes;
-
-static void split_table(const uint16_t *words, pa_fp8_bytes *bytes) {
-  for (int m = 0; m < 128; m++) {
-    bytes->low[m] = (uint8_t)(words[m] & 0xff);
-    bytes->high[m] = (uint8_t)(words[m] >> 8);
-  }
-}
-
-static void split_tables(void) {
-  split_table(pa_e4m3_bf16, &pa_e4m3_bytes);
-  split_table(pa_e5m2_bf16, &pa_e5m2_bytes);
-}
-
-typedef struct pa_fp8_tables {
-  __m512i low[2], high[2], sign;
-} pa_fp8_tables;
-
-PA_INLINE pa_fp8_tables fp8_tables(const pa_fp8_bytes *b) {
-  pa_fp8_tables t = {{_mm512_loadu_si512(b->low), _mm512_loadu_si512(b->low + 64)},
-                     {_mm512_loadu_si512(b->high), _mm512_loadu_si512(b->high + 64)},
-                     _mm512_set1_epi8((char)0x80)};
-  return t;
-}
-
 PA_INLINE __mmask64 tail_mask64(size_t count) {
   return count >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << count) - 1);
 }
@@ -54,9 +24,8 @@ PA_INLINE __m512i load64(const void *p, __mmask64 m) {
 
 /* 64 FP8 values as bf16, in the group order described above. */
 PA_INLINE void to_bf16x64(__m512i bytes, const pa_fp8_tables *t, __m512i *first, __m512i *second) {
-  __m512i low = _mm512_permutex2var_epi8(t->low[0], bytes, t->low[1]);
-  __m512i high = _mm512_permutex2var_epi8(t->high[0], bytes, t->high[1]);
-  high = _mm512_ternarylogic_epi32(high, bytes, t->sign, 0xf8); /* high | (bytes & 0x80) */
+  __m512i low, high;
+  fp8_code_bytes(bytes, t, &low, &high);
   *first = _mm512_unpacklo_epi8(low, high);
   *second = _mm512_unpackhi_epi8(low, high);
 }
@@ -338,10 +307,6 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n
 PA_DEFINE_QK_PV(e4m3, pa_e4m3_bytes)
 PA_DEFINE_QK_PV(e5m2, pa_e5m2_bytes)
 
-static void init_tables(void) {
-  split_tables();
-  group_tables();
-}
 
 /* bf16 activations use Q as it is and P rounded to bf16; f16 activations
  * split both Q (exactly, see pa_load_q_f16_split_avx512bf16) and P (to 2^-17, see
@@ -351,7 +316,7 @@ static void init_tables(void) {
 void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pa_bf16_tables_init();
-  pthread_once(&once, init_tables);
+  pthread_once(&once, group_tables);
   const pa_qk_fn qk_fns[2] = {pa_qk_bf16_e4m3_avx512bf16, pa_qk_bf16_e5m2_avx512bf16},
                  qk_split_fns[2] = {pa_qk_f16_e4m3_avx512bf16, pa_qk_f16_e5m2_avx512bf16};
   const pa_pv_fn pv_fns[2] = {pa_pv_bf16_e4m3_avx512bf16, pa_pv_bf16_e5m2_avx512bf16},

@@ -11,9 +11,33 @@
 
 enum { PA_PAIR_KEYS = PA_PACK_KEYS }; /* keys per P conversion */
 
-/* FP8 magnitudes (7 bits) as bf16 bits, filled by pa_bf16_tables_init(). */
+/* FP8 magnitudes (7 bits) as bf16 bits, and the same split into their low
+ * and high bytes (for vpermi2b lookups), filled by pa_bf16_tables_init(). */
 extern uint16_t pa_e4m3_bf16[128], pa_e5m2_bf16[128];
+typedef struct pa_fp8_bytes {
+  uint8_t low[128], high[128];
+} pa_fp8_bytes;
+extern pa_fp8_bytes pa_e4m3_bytes, pa_e5m2_bytes;
 void pa_bf16_tables_init(void);
+
+typedef struct pa_fp8_tables {
+  __m512i low[2], high[2], sign;
+} pa_fp8_tables;
+
+PA_INLINE pa_fp8_tables fp8_tables(const pa_fp8_bytes *b) {
+  pa_fp8_tables t = {{_mm512_loadu_si512(b->low), _mm512_loadu_si512(b->low + 64)},
+                     {_mm512_loadu_si512(b->high), _mm512_loadu_si512(b->high + 64)},
+                     _mm512_set1_epi8((char)0x80)};
+  return t;
+}
+
+/* The low and high bytes of 64 FP8 values' bf16 codes (sign included). */
+PA_INLINE void fp8_code_bytes(__m512i bytes, const pa_fp8_tables *t, __m512i *low, __m512i *high) {
+  *low = _mm512_permutex2var_epi8(t->low[0], bytes, t->low[1]);
+  *high = _mm512_permutex2var_epi8(t->high[0], bytes, t->high[1]);
+  *high = _mm512_ternarylogic_epi32(*high, bytes, t->sign, 0xf8); /* high | (bytes & 0x80) */
+}
+
 
 typedef struct pa_bf16_tables {
   __m512i part[4];
@@ -72,6 +96,28 @@ PA_INLINE void bf16_parts(__m512 x, __m256i *high, __m256i *rest) {
 
 PA_INLINE __m512i pa512_concat(__m256i low, __m256i high) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+}
+
+/* x[k] to byte 2k and x[32 + k] to byte 2k + 1 (k < 32). */
+static const uint8_t pa_split_halves[64] = {
+    0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+    11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53,
+    22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+
+/* 64 FP8 values as bf16 in their order: values 0-31 in *first, 32-63 in
+ * *second (exactly: every FP8 value is a bf16 value). The halves go to the
+ * even and the odd bytes first (one byte permute), so that after the
+ * lookups each 16-bit lane holds a code byte of either half: shifts and
+ * masks, not two-source permutes (two uops each here), put them together. */
+PA_INLINE void fp8x64_bf16(__m512i bytes, const pa_fp8_tables *t, __m512i *first,
+                           __m512i *second) {
+  __m512i low, high;
+  fp8_code_bytes(_mm512_permutexvar_epi8(_mm512_loadu_si512(pa_split_halves), bytes), t, &low,
+                 &high);
+  const __m512i low_bytes = _mm512_set1_epi16(0x00ff);
+  /* (a & c) | b and a | (b & ~c), c the low bytes */
+  *first = _mm512_ternarylogic_epi32(low, _mm512_slli_epi16(high, 8), low_bytes, 0xec);
+  *second = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 8), high, low_bytes, 0xf4);
 }
 
 /* P rows [0, rows) for keys [0, n), n <= PA_PAIR_KEYS, as bf16 pairs (the

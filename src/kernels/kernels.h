@@ -159,14 +159,21 @@ typedef void (*pa_unpack_tiled_fn)(void *rows, const void *const *anchors, size_
  * included, and must not reach O. Q K^T writes S columns up to n rounded
  * up to 16; otherwise these are the packed kernels' contracts. */
 enum { PA_TILED_STEP = 32 };
+/* Both take `stage`, pa_packed_bytes(d) bytes of scratch: what the pair's
+ * stage_tiled left there (pa_attn_ops), or room for a copy of V where the
+ * blocks hold no whole steps of the tiles. */
 typedef void (*pa_qk_tiled_fn)(size_t m, size_t n, size_t d, const void *q, size_t ldq,
-                               const void *const *k_anchors, float *s, size_t lds,
+                               const void *const *k_anchors, void *stage, float *s, size_t lds,
                                pa_prefetch *prefetch);
-/* P V also takes `stage`, pa_packed_bytes(d) bytes of scratch it may use
- * (for a copy of V where the blocks hold no whole steps of the tiles). */
 typedef void (*pa_pv_tiled_fn)(size_t m, size_t n, size_t d, const void *p, size_t ldp,
                                const void *const *v_anchors, size_t block_size, void *stage,
                                float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch);
+/* Keys [0, n) of one KV head's tile (anchors as for qk_tiled, block_size as
+ * for pv_tiled) converted into `stage` (pa_packed_bytes(d) bytes), where
+ * the pair's qk_tiled (side 0) or pv_tiled (side 1) then reads them: for
+ * caches whose elements the tiles cannot take as they are (FP8). */
+typedef void (*pa_stage_tiled_fn)(void *stage, const void *const *anchors, size_t n, size_t d,
+                                  size_t block_size);
 
 /* The kernels attention runs for one (activation, cache) dtype pair. Q rows
  * sit in scratch with a stride of d rounded up to 64 elements; Q is loaded
@@ -206,6 +213,9 @@ typedef struct pa_attn_ops {
    * kernels, without packing); NULL: such a cache is unpacked per tile. */
   pa_qk_tiled_fn qk_tiled;
   pa_pv_tiled_fn pv_tiled;
+  /* When set, run once per KV head and tile before the products of that
+   * side, which then read the stage instead of the anchors. */
+  pa_stage_tiled_fn stage_tiled[2];
   size_t tiled_head_multiple; /* they serve head sizes that are multiples of this */
   int tiled_whole_tiles;      /* they want whole key tiles (a direct item's short ones cost) */
   int tiled_preferred;        /* pa_kv_layout_preferred names the tiles: they beat rows here */

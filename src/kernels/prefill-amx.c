@@ -182,8 +182,9 @@ static void pa_qk_packed_bf16_amx(size_t m, size_t n, size_t d, const void *q, s
 /* A tiled cache's 16-token groups are B tiles as they lie: 64-byte pair
  * rows, one after the other. */
 static void pa_qk_tiled_bf16_amx(size_t m, size_t n, size_t d, const void *q, size_t ldq,
-                                 const void *const *k_anchors, float *s, size_t lds,
+                                 const void *const *k_anchors, void *stage, float *s, size_t lds,
                                  pa_prefetch *prefetch) {
+  (void)stage;
   const char *groups[PA_MAX_GROUPS] = {0};
   for (size_t g = 0; g * PA_GROUP_KEYS < n; g++) groups[g] = k_anchors[g * PA_GROUP_KEYS];
   qk_amx(m, n, d, q, ldq, groups, 64, s, lds, prefetch);
@@ -201,15 +202,19 @@ typedef struct pa_pv_source {
   size_t row_bytes, group_bytes, steps, tail;
 } pa_pv_source;
 
-/* Pair row r (keys 2r and 2r + 1, 16 columns) at `at`, with the keys from
- * `keep` on zeroed: whatever lies there (NaN included) would reach O
- * through P's zeros. */
-static __m512i pair_row_before(const char *at, size_t r, size_t keep) {
-  if (r < keep / 2) return _mm512_loadu_si512(at);
-  if (r < (keep + 1) / 2) { /* the pair's second key is past keep */
-    return _mm512_and_si512(_mm512_loadu_si512(at), _mm512_set1_epi32(0xffff));
-  }
+/* Pair row r (keys 2r and 2r + 1, 16 columns) with the keys from `keep` on
+ * zeroed: whatever lies there (NaN included) would reach O through P's
+ * zeros. */
+PA_INLINE __m512i keys_before(__m512i row, size_t r, size_t keep) {
+  if (r < keep / 2) return row;
+  if (r < (keep + 1) / 2) return _mm512_and_si512(row, _mm512_set1_epi32(0xffff)); /* 2r only */
   return _mm512_setzero_si512();
+}
+
+/* The same for the pair row at `at`, read only where a key is kept. */
+static __m512i pair_row_before(const char *at, size_t r, size_t keep) {
+  return r < (keep + 1) / 2 ? keys_before(_mm512_loadu_si512(at), r, keep)
+                            : _mm512_setzero_si512();
 }
 
 /* The last step's rows of column group `offset` with the keys past the
@@ -423,6 +428,86 @@ PA_DEFINE_PACK_V(bf16)
 PA_DEFINE_PACK_V(e4m3)
 PA_DEFINE_PACK_V(e5m2)
 
+/* ---- FP8 caches in the tiled order --------------------------------------- */
+
+/* An FP8 tiled cache holds the bf16 tiled order at one byte an element:
+ * stage_tiled converts a tile's groups (64 bytes into two 64-byte rows, in
+ * order) once per KV head, and the products read the stage. Keys: each
+ * 16-token group is 16 d contiguous elements (a multiple of 512 here),
+ * converted whole (the keys past n in the last group give S columns past
+ * n, which the contract allows), one group after the other. */
+PA_INLINE void stage_keys_fp8(const pa_fp8_bytes *bytes, void *stage,
+                              const void *const *k_anchors, size_t n, size_t d) {
+  const pa_fp8_tables t = fp8_tables(bytes);
+  const size_t group_elements = PA_GROUP_KEYS * d;
+  for (size_t g = 0; g * PA_GROUP_KEYS < n; g++) {
+    const uint8_t *src = k_anchors[g * PA_GROUP_KEYS];
+    uint16_t *dst = (uint16_t *)stage + g * group_elements;
+    for (size_t i = 0; i < group_elements; i += 64) {
+      __m512i first, second;
+      fp8x64_bf16(_mm512_loadu_si512(src + i), &t, &first, &second);
+      _mm512_storeu_si512(dst + i, first);
+      _mm512_storeu_si512(dst + i + 32, second);
+    }
+  }
+}
+
+/* Values into the packed pair layout: a 16-token group's column group is 8
+ * pair rows of 32 bytes, which become those 8 packed rows' 16 columns; the
+ * keys past n are zeroed, up to a multiple of 32. */
+PA_INLINE void stage_values_fp8(const pa_fp8_bytes *bytes, void *stage,
+                                const void *const *v_anchors, size_t n, size_t d,
+                                size_t block_size) {
+  const pa_fp8_tables t = fp8_tables(bytes);
+  const size_t column_bytes = PA_GROUP_KEYS * block_size; /* d is a multiple of 32: ldv = d */
+  uint32_t *dst = stage;
+  for (size_t j = 0; j < n; j += PA_GROUP_KEYS) {
+    const uint8_t *src = v_anchors[j];
+    size_t keep = PA_MIN(n - j, (size_t)PA_GROUP_KEYS);
+    for (size_t c = 0; c < d / PA_GROUP_KEYS; c++) {
+      for (size_t r = 0; r < PA_GROUP_KEYS / 2; r += 2) {
+        __m512i first, second;
+        fp8x64_bf16(_mm512_loadu_si512(src + c * column_bytes + r * 32), &t, &first, &second);
+        uint32_t *row = dst + (j / 2 + r) * d + c * PA_GROUP_KEYS;
+        _mm512_storeu_si512(row, keys_before(first, r, keep));
+        _mm512_storeu_si512(row + d, keys_before(second, r + 1, keep));
+      }
+    }
+  }
+  zero_pairs_after(stage, n, d);
+}
+
+#define PA_DEFINE_STAGE_FP8(suffix)                                                           \
+  static void pa_stage_keys_tiled_##suffix##_amx(void *stage, const void *const *anchors,     \
+                                                 size_t n, size_t d, size_t block_size) {     \
+    (void)block_size;                                                                         \
+    stage_keys_fp8(&pa_##suffix##_bytes, stage, anchors, n, d);                               \
+  }                                                                                           \
+  static void pa_stage_values_tiled_##suffix##_amx(void *stage, const void *const *anchors,   \
+                                                   size_t n, size_t d, size_t block_size) {   \
+    stage_values_fp8(&pa_##suffix##_bytes, stage, anchors, n, d, block_size);                 \
+  }
+
+PA_DEFINE_STAGE_FP8(e4m3)
+PA_DEFINE_STAGE_FP8(e5m2)
+
+static void pa_qk_staged_amx(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                             const void *const *k_anchors, void *stage, float *s, size_t lds,
+                             pa_prefetch *prefetch) {
+  (void)k_anchors;
+  const char *groups[PA_MAX_GROUPS] = {0};
+  for (size_t g = 0; g * PA_GROUP_KEYS < n; g++)
+    groups[g] = (const char *)stage + g * PA_GROUP_KEYS * d * 2;
+  qk_amx(m, n, d, q, ldq, groups, 64, s, lds, prefetch);
+}
+
+static void pa_pv_staged_amx(size_t m, size_t n, size_t d, const void *p, size_t ldp,
+                             const void *const *v_anchors, size_t block_size, void *stage,
+                             float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
+  (void)v_anchors, (void)block_size;
+  pa_pv_packed_bf16_amx(m, n, d, p, ldp, stage, o, ldo, rescale, prefetch);
+}
+
 static void pa_release_tiles_amx(void) {
   if (!g_loaded_rows) return;
   _tile_release();
@@ -452,10 +537,21 @@ void pa_prefill_kernels_amx(pa_kernels *k) {
      * PA_PARTIAL_TILE_ROWS). */
     ops->partial_tile_rows = 4 * PA_TILE_ROWS;
   }
-  pa_attn_ops *tiled = &k->attn[PA_BF16][PA_BF16];
-  tiled->qk_tiled = pa_qk_tiled_bf16_amx;
-  tiled->pv_tiled = pa_pv_tiled_bf16_amx;
-  tiled->tiled_head_multiple = PA_TILE_STEP;
-  tiled->tiled_whole_tiles = 1; /* each call loads the tile configuration */
-  tiled->tiled_preferred = 1;
+  static const pa_stage_tiled_fn stage_keys[PA_NUM_DTYPES] = {
+      [PA_FP8_E4M3] = pa_stage_keys_tiled_e4m3_amx, [PA_FP8_E5M2] = pa_stage_keys_tiled_e5m2_amx};
+  static const pa_stage_tiled_fn stage_values[PA_NUM_DTYPES] = {
+      [PA_FP8_E4M3] = pa_stage_values_tiled_e4m3_amx,
+      [PA_FP8_E5M2] = pa_stage_values_tiled_e5m2_amx};
+  for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
+    if (cache != PA_BF16 && !stage_keys[cache]) continue;
+    pa_attn_ops *tiled = &k->attn[PA_BF16][cache];
+    int staged = stage_keys[cache] != NULL;
+    tiled->qk_tiled = staged ? pa_qk_staged_amx : pa_qk_tiled_bf16_amx;
+    tiled->pv_tiled = staged ? pa_pv_staged_amx : pa_pv_tiled_bf16_amx;
+    tiled->stage_tiled[0] = stage_keys[cache];
+    tiled->stage_tiled[1] = stage_values[cache];
+    tiled->tiled_head_multiple = PA_TILE_STEP;
+    tiled->tiled_whole_tiles = 1; /* each call loads the tile configuration */
+    tiled->tiled_preferred = 1;
+  }
 }

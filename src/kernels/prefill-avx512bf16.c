@@ -162,8 +162,9 @@ void pa_qk_packed_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q_ro
 /* Columns past n up to a multiple of 16 get the products of whatever their
  * group holds there. */
 static void pa_qk_tiled_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q_rows,
-                                        size_t ldq, const void *const *k_anchors, float *s,
-                                        size_t lds, pa_prefetch *prefetch) {
+                                        size_t ldq, const void *const *k_anchors, void *stage,
+                                        float *s, size_t lds, pa_prefetch *prefetch) {
+  (void)stage;
   qk_pairs(1, m, n, d, q_rows, ldq, k_anchors, s, lds, prefetch);
 }
 
