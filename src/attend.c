@@ -529,8 +529,8 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
     if (tiles) {
       const void **v = head_anchors(c, v_rows, n, kv, spare[kv & 1][1]);
       stage_tiles(c, s, 1, v, n);
-      c->ops->pv_tiled(m_kv, n, d, s->s + r0 * tile, tile, v, (size_t)c->kv.block_size,
-                       s->v_packed, o, s->ldo, s->rescale + r0, requests);
+      c->ops->pv_tiled(m_kv, n, d, s->s + r0 * tile, tile, v, (size_t)c->kv.block_size, s->v_packed,
+                       o, s->ldo, s->rescale + r0, requests);
     } else {
       c->ops->pv(m_kv, n, d, s->s + r0 * tile, tile,
                  head_rows(c, s, v_rows, n, kv, 1, spare[kv & 1][1]), o, s->ldo, s->rescale + r0,

@@ -307,7 +307,6 @@ PA_INLINE void pv(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n
 PA_DEFINE_QK_PV(e4m3, pa_e4m3_bytes)
 PA_DEFINE_QK_PV(e5m2, pa_e5m2_bytes)
 
-
 /* bf16 activations use Q as it is and P rounded to bf16; f16 activations
  * split both Q (exactly, see pa_load_q_f16_split_avx512bf16) and P (to 2^-17, see
  * pack_pairs_parts) in two bf16 parts, which doubles the dot products but

@@ -38,7 +38,6 @@ PA_INLINE void fp8_code_bytes(__m512i bytes, const pa_fp8_tables *t, __m512i *lo
   *high = _mm512_ternarylogic_epi32(*high, bytes, t->sign, 0xf8); /* high | (bytes & 0x80) */
 }
 
-
 typedef struct pa_bf16_tables {
   __m512i part[4];
 } pa_bf16_tables;
@@ -109,8 +108,7 @@ static const uint8_t pa_split_halves[64] = {
  * even and the odd bytes first (one byte permute), so that after the
  * lookups each 16-bit lane holds a code byte of either half: shifts and
  * masks, not two-source permutes (two uops each here), put them together. */
-PA_INLINE void fp8x64_bf16(__m512i bytes, const pa_fp8_tables *t, __m512i *first,
-                           __m512i *second) {
+PA_INLINE void fp8x64_bf16(__m512i bytes, const pa_fp8_tables *t, __m512i *first, __m512i *second) {
   __m512i low, high;
   fp8_code_bytes(_mm512_permutexvar_epi8(_mm512_loadu_si512(pa_split_halves), bytes), t, &low,
                  &high);

@@ -213,8 +213,7 @@ PA_INLINE __m512i keys_before(__m512i row, size_t r, size_t keep) {
 
 /* The same for the pair row at `at`, read only where a key is kept. */
 static __m512i pair_row_before(const char *at, size_t r, size_t keep) {
-  return r < (keep + 1) / 2 ? keys_before(_mm512_loadu_si512(at), r, keep)
-                            : _mm512_setzero_si512();
+  return r < (keep + 1) / 2 ? keys_before(_mm512_loadu_si512(at), r, keep) : _mm512_setzero_si512();
 }
 
 /* The last step's rows of column group `offset` with the keys past the
@@ -436,8 +435,8 @@ PA_DEFINE_PACK_V(e5m2)
  * 16-token group is 16 d contiguous elements (a multiple of 512 here),
  * converted whole (the keys past n in the last group give S columns past
  * n, which the contract allows), one group after the other. */
-PA_INLINE void stage_keys_fp8(const pa_fp8_bytes *bytes, void *stage,
-                              const void *const *k_anchors, size_t n, size_t d) {
+PA_INLINE void stage_keys_fp8(const pa_fp8_bytes *bytes, void *stage, const void *const *k_anchors,
+                              size_t n, size_t d) {
   const pa_fp8_tables t = fp8_tables(bytes);
   const size_t group_elements = PA_GROUP_KEYS * d;
   for (size_t g = 0; g * PA_GROUP_KEYS < n; g++) {
@@ -477,15 +476,15 @@ PA_INLINE void stage_values_fp8(const pa_fp8_bytes *bytes, void *stage,
   zero_pairs_after(stage, n, d);
 }
 
-#define PA_DEFINE_STAGE_FP8(suffix)                                                           \
-  static void pa_stage_keys_tiled_##suffix##_amx(void *stage, const void *const *anchors,     \
-                                                 size_t n, size_t d, size_t block_size) {     \
-    (void)block_size;                                                                         \
-    stage_keys_fp8(&pa_##suffix##_bytes, stage, anchors, n, d);                               \
-  }                                                                                           \
-  static void pa_stage_values_tiled_##suffix##_amx(void *stage, const void *const *anchors,   \
-                                                   size_t n, size_t d, size_t block_size) {   \
-    stage_values_fp8(&pa_##suffix##_bytes, stage, anchors, n, d, block_size);                 \
+#define PA_DEFINE_STAGE_FP8(suffix)                                                         \
+  static void pa_stage_keys_tiled_##suffix##_amx(void *stage, const void *const *anchors,   \
+                                                 size_t n, size_t d, size_t block_size) {   \
+    (void)block_size;                                                                       \
+    stage_keys_fp8(&pa_##suffix##_bytes, stage, anchors, n, d);                             \
+  }                                                                                         \
+  static void pa_stage_values_tiled_##suffix##_amx(void *stage, const void *const *anchors, \
+                                                   size_t n, size_t d, size_t block_size) { \
+    stage_values_fp8(&pa_##suffix##_bytes, stage, anchors, n, d, block_size);               \
   }
 
 PA_DEFINE_STAGE_FP8(e4m3)
@@ -502,8 +501,8 @@ static void pa_qk_staged_amx(size_t m, size_t n, size_t d, const void *q, size_t
 }
 
 static void pa_pv_staged_amx(size_t m, size_t n, size_t d, const void *p, size_t ldp,
-                             const void *const *v_anchors, size_t block_size, void *stage,
-                             float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
+                             const void *const *v_anchors, size_t block_size, void *stage, float *o,
+                             size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   (void)v_anchors, (void)block_size;
   pa_pv_packed_bf16_amx(m, n, d, p, ldp, stage, o, ldo, rescale, prefetch);
 }
