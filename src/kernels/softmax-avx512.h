@@ -24,9 +24,11 @@ PA_INLINE void zero_bf16_tail(float *row, size_t n) {
   if (pad) memset((char *)row + n * 2, 0, pad * 2);
 }
 
-/* The weight 2^x: to 1e-4 where it will be rounded to bf16, else to f32. */
-PA_INLINE __m512 weight_of(__m512 x, int rounded) {
-  return rounded ? pa512_exp2_bf16(x) : pa512_exp2(x);
+/* The weight 2^x: to 1e-4 where it will be rounded to bf16, else to f32;
+ * in a plain tile (no -inf logits) the rounded one without its mask. */
+PA_INLINE __m512 weight_of(__m512 x, int rounded, int plain) {
+  if (rounded) return plain ? pa512_exp2_bf16_finite(x) : pa512_exp2_bf16(x);
+  return pa512_exp2(x);
 }
 
 /* Base-2 logits of row i's visible columns written over the row (-inf
@@ -139,15 +141,15 @@ PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, con
       for (; j + 32 <= n; j += 32) {
         __m512 lo = _mm512_fmadd_ps(_mm512_loadu_ps(row + j), scale, minus);
         __m512 hi = _mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), scale, minus);
-        lo = weight_of(lo, rounded);
-        hi = weight_of(hi, rounded);
+        lo = weight_of(lo, rounded, plain);
+        hi = weight_of(hi, rounded, plain);
         store_pair(row, j, lo, hi);
         total = _mm512_add_ps(total, _mm512_add_ps(lo, hi));
       }
       for (; j < n; j += 16) {
         __mmask16 in_tile = pa512_tail_mask(n - j);
         __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_tile, row + j), scale, minus);
-        __m512 weight = _mm512_maskz_mov_ps(in_tile, weight_of(x, rounded));
+        __m512 weight = _mm512_maskz_mov_ps(in_tile, weight_of(x, rounded, plain));
         store(row, j, weight, in_tile);
         total = _mm512_add_ps(total, weight);
       }
