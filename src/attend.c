@@ -31,9 +31,13 @@ static void gather_tile_rows(const pa_kv_source *kv, int32_t seq, int32_t kv_hea
     int64_t run = PA_MIN(kv->block_size - offset, end - key);
     int64_t at = *table * kv->block_bytes + head;
     if (kv->tiled) {
-      for (int64_t t = offset; t < offset + run; t++, i++) {
-        k_rows[i] = kv->key + at + pa_tiled_key_anchor(t, d) * size;
-        v_rows[i] = kv->value + at + pa_tiled_value_anchor(t) * size;
+      /* pa_tiled_key_anchor and pa_tiled_value_anchor on unsigned tokens
+       * (shifts and masks: this runs for every key of every tile). */
+      const char *k = kv->key + at, *v = kv->value + at;
+      size_t group_bytes = (size_t)(PA_TILED_GROUP * d * size), pair = (size_t)(2 * size);
+      for (size_t t = (size_t)offset; t < (size_t)(offset + run); t++, i++) {
+        k_rows[i] = k + t / PA_TILED_GROUP * group_bytes + t % PA_TILED_GROUP * pair;
+        v_rows[i] = v + t / 2 * (PA_TILED_GROUP * pair) + t % 2 * (size_t)size;
       }
     } else {
       at += offset * kv->token_bytes;
