@@ -536,19 +536,19 @@ void pa_prefill_kernels_amx(pa_kernels *k) {
      * PA_PARTIAL_TILE_ROWS). */
     ops->partial_tile_rows = 4 * PA_TILE_ROWS;
   }
-  static const pa_stage_tiled_fn stage_keys[PA_NUM_DTYPES] = {
+  static const pa_stage_tiled_fn key_stages[PA_NUM_DTYPES] = {
       [PA_FP8_E4M3] = pa_stage_keys_tiled_e4m3_amx, [PA_FP8_E5M2] = pa_stage_keys_tiled_e5m2_amx};
-  static const pa_stage_tiled_fn stage_values[PA_NUM_DTYPES] = {
+  static const pa_stage_tiled_fn value_stages[PA_NUM_DTYPES] = {
       [PA_FP8_E4M3] = pa_stage_values_tiled_e4m3_amx,
       [PA_FP8_E5M2] = pa_stage_values_tiled_e5m2_amx};
   for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
-    if (cache != PA_BF16 && !stage_keys[cache]) continue;
+    if (cache != PA_BF16 && !key_stages[cache]) continue;
     pa_attn_ops *tiled = &k->attn[PA_BF16][cache];
-    int staged = stage_keys[cache] != NULL;
+    int staged = key_stages[cache] != NULL;
     tiled->qk_tiled = staged ? pa_qk_staged_amx : pa_qk_tiled_bf16_amx;
     tiled->pv_tiled = staged ? pa_pv_staged_amx : pa_pv_tiled_bf16_amx;
-    tiled->stage_tiled[0] = stage_keys[cache];
-    tiled->stage_tiled[1] = stage_values[cache];
+    tiled->stage_tiled[0] = key_stages[cache];
+    tiled->stage_tiled[1] = value_stages[cache];
     tiled->tiled_head_multiple = PA_TILE_STEP;
     tiled->tiled_whole_tiles = 1; /* each call loads the tile configuration */
     tiled->tiled_preferred = 1;
