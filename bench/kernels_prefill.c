@@ -1,11 +1,12 @@
 /* pagedattn-kernel-bench --prefill: the packed (prefill) micro-kernels alone, as attend.c's
  * packed_tile calls them for one KV head's tile: pack K and V, Q K^T for every row, the softmax,
- * P V; the `_tiled` cases read a tiled cache's blocks in place instead (no pack), where the
- * path has those kernels. The tile and its rows stay in L1/L2 (one item of 128 rows per KV head, 32
- * query tokens of a 4:1 GQA group, unless --rows says how many, over PA_PACK_KEYS keys, every key
- * visible), so the figures are the kernels' own speed against this machine's f32 FMA and bf16 dot
- * peaks measured in the same process, the ceiling a whole prefill can approach. Internal tool: it
- * includes the library's private headers (src/). */
+ * P V; the `_tiled` cases read a tiled cache's blocks in place instead (no pack; an FP8 cache's
+ * conversion per tile, stage_tiled, shows as the pack), where the path has those kernels. The tile
+ * and its rows stay in L1/L2 (one item of 128 rows per KV head, 32 query tokens of a 4:1 GQA group,
+ * unless --rows says how many, over PA_PACK_KEYS keys, every key visible), so the figures are the
+ * kernels' own speed against this machine's f32 FMA and bf16 dot peaks measured in the same
+ * process, the ceiling a whole prefill can approach. Internal tool: it includes the library's
+ * private headers (src/). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>

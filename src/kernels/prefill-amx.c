@@ -4,8 +4,9 @@
  * softmax_bf16_rows, read where it wrote them) and B = 16 key pairs of V x
  * 16 columns. B tiles come from the packed layouts of
  * kernels.h (the packed kernels, prefill) or straight from a tiled cache
- * (pa_kv_layout; the tiled kernels, every item over such a cache): the
- * same loops over B tiles addressed two ways. Two row blocks by two column
+ * (pa_kv_layout; the tiled kernels, every item over such a cache; an FP8
+ * one converted to bf16 per tile first, stage_tiled): the same loops over
+ * B tiles addressed two ways. Two row blocks by two column
  * blocks of C, and the A and B tiles they share, fill the eight tile
  * registers.
  *
