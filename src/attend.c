@@ -294,11 +294,16 @@ static size_t tiled_side_ranges(const pa_attention_call *c, const pa_plan_item *
   return count;
 }
 
-/* How far the tiles' kernels request ahead of their reads: far enough for
+/* How far the tiles' kernels request ahead of their reads, in cache
+ * elements (the same keys ahead whatever their size): far enough for
  * lines from DRAM to arrive in L2 before the tile loads that wait on them,
  * not so far that they push out lines still to be read (docs/xeon-amx.md,
  * "Requests just ahead of the tiles", "The requests' lead"). */
-enum { PA_STREAM_LEAD = 32768 };
+enum { PA_STREAM_LEAD_ELEMENTS = 16384 };
+
+static size_t stream_lead(const pa_attention_call *c) {
+  return PA_STREAM_LEAD_ELEMENTS * pa_dtype_size(c->kv.dtype);
+}
 
 /* Moves the requests' cursor `bytes` on without requesting them. */
 static void stream_skip(pa_prefetch *p, size_t bytes) {
@@ -337,9 +342,9 @@ static size_t tiled_read_order(const pa_attention_call *c, const pa_plan_item *i
     }
   }
   *tile_lines = range_lines(s->stream_bytes, count);
-  size_t tile_bytes = range_total(s->stream_bytes, count), listed = 0;
-  for (int side = 0; side < 2 && next_n > 0 && listed < PA_STREAM_LEAD; side++) {
-    for (int64_t h = 0; h < heads && listed < PA_STREAM_LEAD; h++) {
+  size_t tile_bytes = range_total(s->stream_bytes, count), listed = 0, lead = stream_lead(c);
+  for (int side = 0; side < 2 && next_n > 0 && listed < lead; side++) {
+    for (int64_t h = 0; h < heads && listed < lead; h++) {
       count = tiled_side_ranges(c, item, next, next_n, h, side, s->stream_start, s->stream_bytes,
                                 count, capacity);
       listed = range_total(s->stream_bytes, count) - tile_bytes;
@@ -637,7 +642,7 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
     size_t stream_budget = 0, tile_lines = 0;
     if (streamed) {
       stream.count = tiled_read_order(c, item, &s, first, n, next, next_n, &tile_lines);
-      stream_skip(&stream, PA_STREAM_LEAD);
+      stream_skip(&stream, stream_lead(c));
       stream_budget = (tile_lines + 2 * kv_heads - 1) / (2 * kv_heads); /* a call's own reads */
     }
     attend_tile(c, item, &s, first, (size_t)n, k_rows[current], v_rows[current], spare, &ahead,
