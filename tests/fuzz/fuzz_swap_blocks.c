@@ -63,7 +63,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
       default:
         fd.shared = 0;
-        if (tile < 1 || dst.num_kv_heads < 1 || dst.num_kv_heads > 65536) break; /* nonsense */
+        /* nonsense (and strides that would overflow) */
+        if (tile < 1 || tile > ((int64_t)1 << 40) || dst.num_kv_heads < 1 ||
+            dst.num_kv_heads > 65536)
+          break;
         dst.head_stride = tile + 3;
         dst.block_stride = (int64_t)dst.num_kv_heads * dst.head_stride + 5;
         break;
