@@ -140,16 +140,17 @@ PA_INLINE __m512 pa512_exp2(__m512 x) {
 
 /* 2^x to 1.0e-4 relative (degree-3 minimax polynomial, exact at 0): for
  * weights rounded to bf16 later, whose rounding alone is up to 2^-9. */
+static const float pa512_exp2_bf16_coefficients[4] = {5.50089292e-2f, 2.42210969e-1f,
+                                                      6.93282902e-1f, 1.0f};
+
 PA_INLINE __m512 pa512_exp2_bf16(__m512 x) {
-  const float c[4] = {5.50089292e-2f, 2.42210969e-1f, 6.93282902e-1f, 1.0f};
-  return pa512_exp2_poly(x, c, 4, 0);
+  return pa512_exp2_poly(x, pa512_exp2_bf16_coefficients, 4, 0);
 }
 
 /* The same for x that is never -inf, where 2^-125 may stand for a smaller
  * weight (a plain tile's: every key visible): one mask fewer. */
 PA_INLINE __m512 pa512_exp2_bf16_finite(__m512 x) {
-  const float c[4] = {5.50089292e-2f, 2.42210969e-1f, 6.93282902e-1f, 1.0f};
-  return pa512_exp2_poly(x, c, 4, 1);
+  return pa512_exp2_poly(x, pa512_exp2_bf16_coefficients, 4, 1);
 }
 
 /* tanh(x) = 1 - 2 / (e^(2x) + 1): saturates cleanly at both ends. */
