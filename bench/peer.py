@@ -116,6 +116,8 @@ def rows() -> list[Row]:
     ):
         extra.append(Row(f"decode 16x1024 {suffix}", decode(16, 1024), **options))
         extra.append(Row(f"prefill 512 {suffix}", ((512, 512),), **options))
+    # A step's batch of prompts, as an engine schedules them.
+    extra.append(Row("prefill 8x512", ((512, 512),) * 8))
     # SmolLM2-135M's layers (9 query heads, 3 KV heads, head size 64), the shapes of
     # bench/vllm_e2e.py's steps: its prompts' prefill, its serving and long decodes.
     smol = {"heads": 9, "kv_heads": 3, "head_size": 64}

@@ -251,10 +251,12 @@ static pa_status split_long_items(pa_plan *plan, const pa_plan_request *r, const
   return PA_OK;
 }
 
-/* Longest first, then by position for a deterministic order. */
+/* Largest sequence first (by its longest item), then a sequence's items
+ * together, longest first, then by position for a deterministic order. */
 static int before(const pa_plan_item *x, const pa_plan_item *y) {
-  if (x->cost != y->cost) return x->cost > y->cost;
+  if (x->group_cost != y->group_cost) return x->group_cost > y->group_cost;
   if (x->seq != y->seq) return x->seq < y->seq;
+  if (x->cost != y->cost) return x->cost > y->cost;
   if (x->kv_begin != y->kv_begin) return x->kv_begin < y->kv_begin;
   if (x->head_begin != y->head_begin) return x->head_begin < y->head_begin;
   if (x->row_begin != y->row_begin) return x->row_begin < y->row_begin;
@@ -281,6 +283,25 @@ static void sort_items(pa_plan_item *items, size_t count) {
     items[end] = swap;
     sift_down(items, 0, end);
   }
+}
+
+/* The pool takes items in order. A sequence's items one after another
+ * find its K/V, Q and O in cache: in order of cost alone, the items of one
+ * row position in every sequence came together, and a batch of prompts
+ * read each sequence's K/V from memory again for every row position
+ * (docs/xeon-amx.md, "Items by sequence"). Sequences go by their longest
+ * item, and each sequence's items longest first, so the last items taken
+ * are short. */
+static void order_items(pa_plan_item *items, size_t count) {
+  for (size_t i = 0; i < count; i++) items[i].group_cost = 0;
+  sort_items(items, count); /* by sequence, longest first within each */
+  for (size_t i = 0; i < count;) {
+    size_t end = i + 1;
+    while (end < count && items[end].seq == items[i].seq) end++;
+    for (size_t j = i; j < end; j++) items[j].group_cost = items[i].cost;
+    i = end;
+  }
+  sort_items(items, count);
 }
 
 pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *caller) {
@@ -312,7 +333,7 @@ pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *cal
   pa_status status = make_items(plan, r, caller);
   if (status == PA_OK) status = split_long_items(plan, r, caller);
   if (status != PA_OK) return status;
-  sort_items(plan->items, plan->num_items);
+  order_items(plan->items, plan->num_items);
   plan->scratch_bytes = pa_scratch_layout_for(plan->max_rows, r->head_size, plan->key_tile).total;
   return PA_OK;
 }

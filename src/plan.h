@@ -7,8 +7,9 @@
  * decode item takes every KV head of its sequence, so it reads each cache
  * block as one contiguous region (the heads of a block are adjacent). A long key range is
  * split across several items (split-K); their partial results are merged
- * through the log-sum-exp afterwards, one merge per split group. Items are
- * ordered longest first for the pool's dynamic schedule. */
+ * through the log-sum-exp afterwards, one merge per split group. The pool
+ * takes items in order: a sequence's items together, longest first, and
+ * sequences by their longest item (order_items). */
 #ifndef PA_PLAN_H
 #define PA_PLAN_H
 
@@ -23,6 +24,7 @@ struct pa_plan_item {
   int32_t split;       /* index within its split group; -1 when not split */
   int32_t split_group; /* index into pa_plan.groups when split */
   int64_t cost;        /* for ordering: attended (row, head, key) triples plus keys read */
+  int64_t group_cost;  /* the largest cost among its sequence's items (see order_items) */
 };
 
 /* Rows of a split group merged by one task. */
