@@ -162,6 +162,7 @@ void pa_kernels_build(pa_isa isa, int bf16_dot, pa_kernels *kernels) {
      * neither, bf16 caches stay on the f32 path whole. FP8 caches keep the
      * dot products either way: decoding FP8 to bf16 is what they spend on. */
     int pairs = bf16_dot || isa >= PA_ISA_AMX;
+    pa_convert_kernels_avx512bf16(kernels);
     if (pairs) pa_attn_kernels_avx512bf16(kernels, bf16_dot);
     pa_prefill_kernels_avx512bf16(kernels, pairs);
     pa_attn_fp8_kernels_avx512bf16(kernels);

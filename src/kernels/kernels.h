@@ -371,6 +371,7 @@ void pa_convert_kernels_avx512(pa_kernels *k);
 void pa_attn_kernels_avx512(pa_kernels *k);
 void pa_attn_split_kernels_avx512(pa_kernels *k);
 void pa_prefill_kernels_avx512(pa_kernels *k);
+void pa_convert_kernels_avx512bf16(pa_kernels *k);
 void pa_attn_kernels_avx512bf16(pa_kernels *k, int dot);
 void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs);
 double pa_bf16_dot_cost_avx512bf16(void);
