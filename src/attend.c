@@ -162,9 +162,9 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
   pa_load_row_fn load_q = takes_packed_q(c, item) ? c->ops->load_q_packed : c->ops->load_q;
   *lo = INT64_MAX;
   *hi = INT64_MIN;
-  for (size_t i = 0; i < m; i++) {
-    int32_t r, h;
-    pa_item_row_head(item, i, &r, &h);
+  pa_row_walk walk = pa_row_walk_from(item, 0);
+  for (size_t i = 0; i < m; i++, pa_row_walk_next(&walk)) {
+    int32_t r = walk.row, h = walk.head;
     int64_t key_lo, key_hi;
     pa_row_keys(c->mask, q_len, k_len, r, &key_lo, &key_hi);
     key_lo = PA_MAX(key_lo, item->key_begin);
@@ -657,10 +657,9 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
     return;
   }
   int64_t q_start = c->plan->q_starts[item->seq];
-  for (size_t i = 0; i < m; i++) {
-    int32_t r, h;
-    pa_item_row_head(item, i, &r, &h);
-    finish_row(c, q_start + r, h, s.o + i * d, s.row_max[i], s.row_sum[i]);
+  pa_row_walk walk = pa_row_walk_from(item, 0);
+  for (size_t i = 0; i < m; i++, pa_row_walk_next(&walk)) {
+    finish_row(c, q_start + walk.row, walk.head, s.o + i * d, s.row_max[i], s.row_sum[i]);
   }
 }
 
@@ -673,7 +672,8 @@ static void merge_rows(const pa_attention_call *c, const pa_split_group *g, size
   float *acc = carve_scratch(c, thread).merge;
   const float *parts = c->partials + g->partial_offset;
   int64_t q_start = c->plan->q_starts[g->shape.seq];
-  for (size_t i = begin; i < end && i < m; i++) {
+  pa_row_walk walk = pa_row_walk_from(&g->shape, begin);
+  for (size_t i = begin; i < end && i < m; i++, pa_row_walk_next(&walk)) {
     float row_max = -INFINITY;
     for (int32_t p = 0; p < g->num_splits; p++) {
       row_max = fmaxf(row_max, parts[((size_t)p * m + i) * (d + 2) + d]);
@@ -689,9 +689,7 @@ static void merge_rows(const pa_attention_call *c, const pa_split_group *g, size
         c->kernels->axpy(acc, part, d, weight);
       }
     }
-    int32_t r, h;
-    pa_item_row_head(&g->shape, i, &r, &h);
-    finish_row(c, q_start + r, h, acc, row_max, row_sum);
+    finish_row(c, q_start + walk.row, walk.head, acc, row_max, row_sum);
   }
 }
 

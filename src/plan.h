@@ -87,6 +87,41 @@ static inline void pa_item_row_head(const pa_plan_item *item, size_t i, int32_t 
   *head = item->head_begin + (int32_t)(kv * heads_per_kv + within % heads_per_kv);
 }
 
+/* The same for rows i, i + 1, ... in turn, without pa_item_row_head's
+ * divisions per row (a decode item's rows are a few per KV head, and the
+ * divisions were a visible share of a short call). */
+typedef struct pa_row_walk {
+  int32_t row, head;   /* of the current row */
+  int32_t within_kv;   /* its head's index among its KV head's */
+  int32_t kv_heads_at; /* its KV head's first query head */
+  int32_t heads_per_kv, row_begin, row_end;
+} pa_row_walk;
+
+static inline pa_row_walk pa_row_walk_from(const pa_plan_item *item, size_t i) {
+  pa_row_walk w;
+  pa_item_row_head(item, i, &w.row, &w.head);
+  w.heads_per_kv = (item->head_end - item->head_begin) / (item->kv_end - item->kv_begin);
+  w.within_kv = (w.head - item->head_begin) % w.heads_per_kv;
+  w.kv_heads_at = w.head - w.within_kv;
+  w.row_begin = item->row_begin;
+  w.row_end = item->row_end;
+  return w;
+}
+
+static inline void pa_row_walk_next(pa_row_walk *w) {
+  if (++w->within_kv < w->heads_per_kv) {
+    w->head++;
+    return;
+  }
+  w->within_kv = 0;
+  w->head = w->kv_heads_at;
+  if (++w->row == w->row_end) {
+    w->row = w->row_begin;
+    w->kv_heads_at += w->heads_per_kv;
+    w->head = w->kv_heads_at;
+  }
+}
+
 /* (Re)builds `plan` in place; PA_ERR_OUT_OF_MEMORY names `caller`. */
 pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *request, const char *caller);
 

@@ -2,7 +2,7 @@
  * cover every (sequence, query head, query row) over all of its keys exactly
  * once, split pieces included, and come in the order the pool relies on: a
  * sequence's items together, longest first, sequences by their longest
- * item. */
+ * item; pa_row_walk names an item's rows as pa_item_row_head does. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +78,29 @@ static int check_coverage(const batch_case *c, const pa_plan *plan) {
   return failures;
 }
 
+/* pa_row_walk, from row 0 and from a later row, names the rows
+ * pa_item_row_head does. */
+static int check_walk(const pa_plan *plan, tu_rng *rng) {
+  for (size_t k = 0; k < plan->num_items; k++) {
+    const pa_plan_item *item = &plan->items[k];
+    size_t m = pa_item_rows(item), from = (size_t)tu_int(rng, 0, (int)m - 1);
+    size_t starts[2] = {0, from};
+    for (int t = 0; t < 2; t++) {
+      pa_row_walk walk = pa_row_walk_from(item, starts[t]);
+      for (size_t i = starts[t]; i < m; i++, pa_row_walk_next(&walk)) {
+        int32_t row, head;
+        pa_item_row_head(item, i, &row, &head);
+        if (walk.row != row || walk.head != head) {
+          fprintf(stderr, "item %zu row %zu (walk from %zu): walk (%d, %d), want (%d, %d)\n", k, i,
+                  starts[t], walk.row, walk.head, row, head);
+          return 1;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
 static int check_order(const pa_plan *plan) {
   int seen[PA_TEST_MAX_SEQS] = {0};
   int64_t previous_longest = INT64_MAX;
@@ -119,7 +142,7 @@ int main(int argc, char **argv) {
       failures++;
       break;
     }
-    int bad = check_coverage(&c, &plan) + check_order(&plan);
+    int bad = check_coverage(&c, &plan) + check_order(&plan) + check_walk(&plan, &rng);
     if (bad) {
       fprintf(stderr, "case %d: %d sequences, %d/%d heads, d %d, %d threads\n", k,
               c.request.num_seqs, c.request.num_heads, c.request.num_kv_heads, c.request.head_size,
