@@ -280,7 +280,8 @@ static void fill_row(pab_row *r, const pab_case *c, const pab_metrics *m, const 
 
   /* A row is held to the largest peak its dtype can use on the library's path: the FMA for
    * f32; the FMA or the bf16 dot for 16-bit rows, and the AMX tiles for bf16 rows on the amx
-   * path (whichever this machine runs fastest). */
+   * path (whichever this machine runs fastest); f16 over a tiled FP8 cache takes the tiles at
+   * two products for each (Q and P split in two bf16 parts), half their peak. */
   double peak = -1;
   const char *peak_name = "fma";
   int amx_path = r->isa && strcmp(r->isa, "amx") == 0;
@@ -293,6 +294,12 @@ static void fill_row(pab_row *r, const pab_case *c, const pab_metrics *m, const 
     if (c->dtype == PA_BF16 && amx_path && roof->amx_gflops > peak) {
       peak = roof->amx_gflops;
       peak_name = "amx";
+    }
+    int split_tiles = c->dtype == PA_F16 && c->cache_dtype >= PA_FP8_E4M3 &&
+                      c->layout == PA_KV_TILED && c->head_size % 32 == 0;
+    if (split_tiles && amx_path && roof->amx_gflops / 2 > peak) {
+      peak = roof->amx_gflops / 2;
+      peak_name = "amx/2";
     }
   }
   r->roof_pct = -1;

@@ -69,14 +69,15 @@ static void header_table(const pab_header *h) {
   fputs(
       "%roof: bw = KV GB/s over read GB/s (decode); fma|bf16|amx = GFLOP/s over the largest\n"
       "  peak the row's dtype can use on the library's path (prefill, encoder: the FMA for f32;\n"
-      "  the FMA or the bf16 dot for 16-bit rows, and AMX for bf16 rows on the amx path);\n"
+      "  the FMA or the bf16 dot for 16-bit rows, and AMX for bf16 rows on the amx path;\n"
+      "  amx/2, half of it, for f16 over a tiled FP8 cache, whose products go twice);\n"
       "  max = max(bytes/bw, flops/peak) over the time (mixed, speculative decode).\n"
       "  DRAM decode rows use the larger of the table's read GB/s and one measured just\n"
       "  before the row (the bandwidth of a shared machine drifts over a run).\n"
       "mem: where a decode row's K/V come from on each call (L2/L3 when they fit and are\n"
       "  reused, else DRAM).\n",
       stdout);
-  printf("\n%-26s %-6s %3s  %-58s %-4s %4s %11s %8s %8s %11s\n", "name", "isa", "thr", "shape",
+  printf("\n%-26s %-6s %3s  %-58s %-4s %4s %11s %8s %8s %12s\n", "name", "isa", "thr", "shape",
          "mem", "reps", "median_us", "KV_GB/s", "GFLOP/s", "%roof");
 }
 
@@ -157,7 +158,7 @@ void pab_report_row(pab_format f, const pab_row *r) {
       snprintf(pct, sizeof pct, "n/a");
     else
       snprintf(pct, sizeof pct, "%.1f%% %s", r->roof_pct, r->roof);
-    printf("%-26s %-6s %3d  %-58s %-4s %4d %11.1f %8.2f %8.1f %11s\n", r->name, r->isa, r->threads,
+    printf("%-26s %-6s %3d  %-58s %-4s %4d %11.1f %8.2f %8.1f %12s\n", r->name, r->isa, r->threads,
            r->shape, r->mem, r->reps, r->median_us, r->kv_gbs, r->gflops, pct);
   } else if (f == PAB_FMT_CSV) {
     csv_str(r->name);

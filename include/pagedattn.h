@@ -206,13 +206,13 @@ PA_API void pa_layer_destroy(pa_layer *layer);
  * A tiled cache needs block_size and head_size multiples of 16
  * (PA_ERR_UNSUPPORTED otherwise). Every kernel path reads both orders; on
  * the amx path bf16 activations over a tiled bf16 cache feed the tiles
- * straight from the cache (no packing per call), over a tiled FP8 cache
- * through a conversion of each tile to bf16 in the same order (no
- * transposes), and on the avx512bf16 path with the bf16 dot products the
- * bf16 pair is read in place by dot products over the same groups; the
- * other paths and dtype pairs read a
- * tiled cache through a copy into rows per tile. pa_kv_layout_preferred
- * says which order is the faster here. */
+ * straight from the cache (no packing per call), bf16 or f16 activations
+ * over a tiled FP8 cache through a conversion of each tile to bf16 in the
+ * same order (no transposes; f16 in two bf16 parts), and on the
+ * avx512bf16 path with the bf16 dot products the bf16 pair is read in
+ * place by dot products over the same groups; the other paths and dtype
+ * pairs read a tiled cache through a copy into rows per tile.
+ * pa_kv_layout_preferred says which order is the faster here. */
 typedef enum pa_kv_layout {
   PA_KV_ROWS = 0,
   PA_KV_TILED = 1,

@@ -160,6 +160,7 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
   int64_t q_len = plan->q_starts[item->seq + 1] - q_start, k_len = plan->kv_lens[item->seq];
   size_t m = pa_item_rows(item);
   pa_load_row_fn load_q = takes_packed_q(c, item) ? c->ops->load_q_packed : c->ops->load_q;
+  if (reads_tiles(c) && c->ops->load_q_tiled) load_q = c->ops->load_q_tiled;
   *lo = INT64_MAX;
   *hi = INT64_MIN;
   pa_row_walk walk = pa_row_walk_from(item, 0);
@@ -374,8 +375,12 @@ static void softmax_rows(const pa_attention_call *c, const pa_item_scratch *s, i
       .rescale = s->rescale + r0,
       .bf16_weights = c->ops->p_bf16,
   };
-  pa_softmax_fn softmax =
-      packed && c->ops->packed_p_bf16_rows ? c->kernels->softmax_bf16_rows : c->kernels->softmax;
+  pa_softmax_fn softmax = c->kernels->softmax;
+  if (packed && reads_tiles(c) && c->ops->tiled_p_split) {
+    softmax = c->kernels->softmax_split_rows;
+  } else if (packed && c->ops->packed_p_bf16_rows) {
+    softmax = c->kernels->softmax_bf16_rows;
+  }
   softmax(&t, s->s + r0 * tile, tile);
 }
 
@@ -445,7 +450,8 @@ __attribute__((noinline)) static void packed_tile(const pa_attention_call *c,
   int tiles = reads_tiles(c);
   /* Kernels that compute a tile faster than its requests pay back take
    * none (AMX; docs/xeon-amx.md). */
-  pa_prefetch *requests = c->ops->packed_unprefetched ? NULL : ahead;
+  int unprefetched = tiles ? c->ops->tiled_unprefetched : c->ops->packed_unprefetched;
+  pa_prefetch *requests = unprefetched ? NULL : ahead;
   for (size_t kv = 0; kv < kv_count; kv++) {
     const void **k = NULL, **v = NULL;
     if (tiles) {
@@ -514,7 +520,7 @@ static void attend_tile(const pa_attention_call *c, const pa_plan_item *item,
    * given the item's reads a little ahead instead (`stream`, each call an
    * equal share; docs/xeon-amx.md). */
   int tiles = reads_tiles(c);
-  pa_prefetch *requests = tiles && c->ops->packed_unprefetched ? stream : ahead;
+  pa_prefetch *requests = tiles && c->ops->tiled_unprefetched ? stream : ahead;
   for (size_t kv = 0; kv < kv_count; kv++) {
     size_t r0 = kv * m_kv;
     const char *q = (const char *)s->q + r0 * ldq * c->ops->q_size;
@@ -620,7 +626,7 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   /* The tiles' kernels of a direct item request its reads just ahead
    * (attend_tile), except in an item of one tile, mostly per-call work,
    * which the requests cost more than they save (docs/xeon-amx.md). */
-  int streamed = reads_tiles(c) && c->ops->packed_unprefetched && !item_is_packed(c, item) &&
+  int streamed = reads_tiles(c) && c->ops->tiled_unprefetched && !item_is_packed(c, item) &&
                  hi - lo > (int64_t)tile;
   size_t kv_heads = (size_t)(item->kv_end - item->kv_begin);
   if (lo < hi) {

@@ -153,8 +153,9 @@ static void test_bad_environment(void) {
 
 /* pa_kv_layout_preferred (0.3): PA_KV_ROWS for every argument no cache
  * could have; for valid ones either layout, PA_KV_TILED only where the
- * tiles read it in place, which the header places on the amx path for
- * bf16 activations over a bf16 cache: never under a PA_ISA cap below amx.
+ * tiles read it, which the header places on the amx path for bf16
+ * activations over a bf16 cache and bf16 or f16 ones over an FP8 cache:
+ * never under a PA_ISA cap below amx.
  * The answer is the same for the same arguments. */
 static void check_preferred(const pa_context *ctx, const char *what) {
   const char *path = pa_context_kernel_path(ctx);
@@ -192,8 +193,10 @@ static void check_preferred(const pa_context *ctx, const char *what) {
                    "%s: pa_kv_layout_preferred(%s, %s, %d, %d) = %d", what,
                    pa_dtype_name((pa_dtype)a), pa_dtype_name((pa_dtype)c), blocks[b], heads[h],
                    (int)l);
-          /* The tiles read bf16 caches in place and FP8 ones converted per tile. */
-          int tiles = amx && a == PA_BF16 && (c == PA_BF16 || c >= PA_FP8_E4M3);
+          /* The tiles read bf16 caches in place and FP8 ones converted per tile
+           * (for f16 activations too, in two bf16 parts). */
+          int tiles = amx && ((a == PA_BF16 && c == PA_BF16) ||
+                              ((a == PA_BF16 || a == PA_F16) && c >= PA_FP8_E4M3));
           TU_CHECK(l == PA_KV_ROWS || tiles,
                    "%s: pa_kv_layout_preferred(%s, %s, %d, %d) is PA_KV_TILED on path %s", what,
                    pa_dtype_name((pa_dtype)a), pa_dtype_name((pa_dtype)c), blocks[b], heads[h],

@@ -452,12 +452,14 @@ static void random_tiled_case(tu_rng *g, attn_case *c) {
   memset(c, 0, sizeof *c);
   c->group = "random tiled";
   c->kv_layout = PA_KV_TILED;
-  /* bf16 over bf16 or FP8 (the pairs the AMX tiles read, in place or
-   * converted per tile) a third of the time. */
+  /* bf16 over bf16 or FP8, or f16 over FP8 (the pairs the AMX tiles read,
+   * in place or converted per tile) a third of the time. */
   static const pa_dtype amx_caches[] = {PA_BF16, PA_BF16, PA_FP8_E4M3, PA_FP8_E5M2};
   int amx_pair = tu_chance(g, 0.33);
-  c->act = amx_pair ? PA_BF16 : (pa_dtype)tu_int(g, 0, 2);
   c->cache_dtype = amx_pair ? amx_caches[tu_int(g, 0, 3)] : (pa_dtype)tu_int(g, 0, 4);
+  c->act = !amx_pair                                            ? (pa_dtype)tu_int(g, 0, 2)
+           : c->cache_dtype >= PA_FP8_E4M3 && tu_chance(g, 0.5) ? PA_F16
+                                                                : PA_BF16;
   c->src_dtype = tu_chance(g, 0.8) ? c->act : (pa_dtype)tu_int(g, 0, 2);
   int nkv = tu_chance(g, 0.2) ? 1 : tu_int(g, 1, 4), group = groups[tu_int(g, 0, 5)];
   if (nkv == 1 && tu_chance(g, 0.5)) group = 8; /* MQA */

@@ -268,14 +268,24 @@ typedef struct softmax_side {
   float *s, *row_max, *row_sum, *rescale;
 } softmax_side;
 
-/* Tile t through the family's softmax on `got` and the scalar one on
- * `want`, or their softmax_bf16_rows. */
+/* The forms a softmax leaves its weights in: f32, softmax_bf16_rows',
+ * softmax_split_rows'. */
+enum { WEIGHTS_F32, WEIGHTS_BF16_ROWS, WEIGHTS_SPLIT };
+
+static pa_softmax_fn softmax_of(const pa_kernels *k, int form) {
+  return form == WEIGHTS_BF16_ROWS ? k->softmax_bf16_rows
+         : form == WEIGHTS_SPLIT   ? k->softmax_split_rows
+                                   : k->softmax;
+}
+
+/* Tile t through the family's softmax of `form` on `got` and the scalar
+ * one on `want`. */
 static void softmax_both(const pa_kernels *k, const pa_kernels *s, pa_softmax_tile t,
-                         softmax_side got, softmax_side want, size_t lds, int bf16_rows) {
+                         softmax_side got, softmax_side want, size_t lds, int form) {
   t.row_max = got.row_max, t.row_sum = got.row_sum, t.rescale = got.rescale;
-  (bf16_rows ? k->softmax_bf16_rows : k->softmax)(&t, got.s, lds);
+  softmax_of(k, form)(&t, got.s, lds);
   t.row_max = want.row_max, t.row_sum = want.row_sum, t.rescale = want.rescale;
-  (bf16_rows ? s->softmax_bf16_rows : s->softmax)(&t, want.s, lds);
+  softmax_of(s, form)(&t, want.s, lds);
 }
 
 /* Weight j of a softmax_bf16_rows row. */
@@ -285,16 +295,33 @@ static float bf16_weight(const float *row, size_t j) {
   return pa_bf16_to_f32(bits);
 }
 
+/* Weight j of a softmax_split_rows row: its high part plus its rest. */
+static float split_weight(const float *row, size_t j) {
+  uint16_t parts[2];
+  memcpy(parts, row + j, sizeof parts);
+  return pa_bf16_to_f32(parts[0]) + pa_bf16_to_f32(parts[1]);
+}
+
+static float weight_in(int form, const float *row, size_t j) {
+  return form == WEIGHTS_BF16_ROWS ? bf16_weight(row, j)
+         : form == WEIGHTS_SPLIT   ? split_weight(row, j)
+                                   : row[j];
+}
+
 /* Weights are 2^(x - max) with |x| up to ~70 here: one rounding of x more or
  * less (the vector kernels fold log2(e) into the score scale) moves a weight
  * by up to ln2 * ulp(70) ~ 5e-6 relative, hence 1e-5; weights that will be
  * rounded to bf16 may take an exp good to 1e-4 (pa_softmax_tile), hence 2e-4
  * for them; a soft cap's tanh adds a few ulps of the cap to x. */
-static double weights_exp_tol(const pa_softmax_tile *t, int bf16_rows) {
-  return bf16_rows || t->bf16_weights ? 2e-4 : 1e-5;
+static double weights_exp_tol(const pa_softmax_tile *t, int form) {
+  /* A split pair is its weight to 2^-18. */
+  return form == WEIGHTS_BF16_ROWS || t->bf16_weights ? 2e-4
+         : form == WEIGHTS_SPLIT                      ? 1.4e-5
+                                                      : 1e-5;
 }
 
-static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, int bf16_rows) {
+static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, int form) {
+  const int bf16_rows = form == WEIGHTS_BF16_ROWS;
   enum { M = 19, LDS = 72 };
   for (int round = 0; round < 300; round++) {
     size_t m = 1 + (size_t)tu_int(rng, 0, (int)(M)-1),
@@ -328,8 +355,8 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, 
         .bf16_weights = tu_int(rng, 0, 1),
     };
     softmax_both(k, s, t, (softmax_side){got, max_got, sum_got, res_got},
-                 (softmax_side){want, max_want, sum_want, res_want}, LDS, bf16_rows);
-    const double exp_tol = weights_exp_tol(&t, bf16_rows);
+                 (softmax_side){want, max_want, sum_want, res_want}, LDS, form);
+    const double exp_tol = weights_exp_tol(&t, form);
     for (size_t i = 0; i < m; i++) {
       /* A soft cap's tanh is an approximation good to a few ulps of the cap. */
       double max_scale = fabs(max_want[i]) + 1.0 + 2.0 * t.soft_cap;
@@ -343,13 +370,15 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, 
       /* Rounded to bf16, weights a few ulps of f32 apart may round a bf16
        * ulp apart: up to 2^-7 of the larger. */
       for (size_t j = 0; j < n; j++) {
-        float p_got = bf16_rows ? bf16_weight(row_got, j) : row_got[j];
-        float p_want = bf16_rows ? bf16_weight(row_want, j) : row_want[j];
+        float p_got = weight_in(form, row_got, j);
+        float p_want = weight_in(form, row_want, j);
         CHECK(rel_close(p_got, p_want, 1, exp_tol + 4e-7 * t.soft_cap) ||
                   (bf16_rows && rel_close(p_got, p_want, fmax(fabs(p_got), fabs(p_want)), 0x1p-7)),
               "softmax%s P[%zu][%zu] %g vs %g (m=%zu n=%zu cap=%g alibi=%d mask=%d)",
-              bf16_rows ? "_bf16_rows" : "", i, j, p_got, p_want, m, n, (double)t.soft_cap,
-              t.alibi != NULL, masked);
+              bf16_rows               ? "_bf16_rows"
+              : form == WEIGHTS_SPLIT ? "_split_rows"
+                                      : "",
+              i, j, p_got, p_want, m, n, (double)t.soft_cap, t.alibi != NULL, masked);
       }
       size_t untouched = n;
       if (bf16_rows) {
@@ -358,6 +387,13 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, 
                 j, n, bf16_weight(row_got, j));
         /* The floats past n and past the bf16 weights' bytes. */
         untouched = PA_MAX(n, pa_bf16_row_keys(n) / 2);
+      }
+      if (form == WEIGHTS_SPLIT) {
+        for (size_t j = n; j < pa_split_row_keys(n); j++)
+          CHECK(got[i * LDS + j] == 0.0f && !signbit(got[i * LDS + j]),
+                "softmax_split_rows pair [%zu][%zu] past n=%zu not zero: %g", i, j, n,
+                (double)got[i * LDS + j]);
+        untouched = pa_split_row_keys(n);
       }
       for (size_t j = untouched; j < LDS; j++) {
         CHECK(got[i * LDS + j] == want[i * LDS + j],
@@ -375,7 +411,7 @@ static void test_softmax(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, 
  * soft cap: the vector exp2 once weighed it as 0 (its clamp dropped the
  * NaN), the vector tanh as -1. Other rows keep their sums. (A row whose
  * every score is NaN counts as one that sees no key, as fmaxf ignores NaN.) */
-static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, int bf16_rows) {
+static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *rng, int form) {
   enum { M = 6, LDS = 48 };
   for (int round = 0; round < 60; round++) {
     size_t m = 1 + (size_t)tu_int(rng, 0, M - 1), n = 2 + (size_t)tu_int(rng, 0, LDS - 2);
@@ -402,14 +438,14 @@ static void test_softmax_nan(const pa_kernels *k, const pa_kernels *s, tu_rng *r
         .bf16_weights = tu_int(rng, 0, 1),
     };
     softmax_both(k, s, t, (softmax_side){got, max_got, sum_got, res_got},
-                 (softmax_side){want, max_want, sum_want, res_want}, LDS, bf16_rows);
+                 (softmax_side){want, max_want, sum_want, res_want}, LDS, form);
     for (size_t i = 0; i < m; i++) {
       if (i == bad_row) {
         CHECK(isnan(sum_got[i]) && isnan(sum_want[i]),
               "softmax with a NaN score: row_sum %g (scalar %g), cap=%g n=%zu key=%zu", sum_got[i],
               sum_want[i], (double)t.soft_cap, n, bad_key);
       } else {
-        CHECK(rel_close(sum_got[i], sum_want[i], fabs(sum_want[i]), weights_exp_tol(&t, bf16_rows)),
+        CHECK(rel_close(sum_got[i], sum_want[i], fabs(sum_want[i]), weights_exp_tol(&t, form)),
               "softmax row_sum[%zu] beside a NaN row: %g vs %g", i, sum_got[i], sum_want[i]);
       }
     }
@@ -432,6 +468,25 @@ static const void *packed_p(const pa_attn_ops *k, const float *p, size_t m, size
     }
   }
   return bf16_rows;
+}
+
+/* P as the pair's tiled P V kernel takes it: as packed_p, or
+ * (tiled_p_split) as the pairs of a softmax_split_rows, with NaN after
+ * their zeros. */
+static const void *tiled_p(const pa_attn_ops *k, const float *p, size_t m, size_t n, size_t lds,
+                           void *pairs) {
+  if (!k->tiled_p_split) return packed_p(k, p, m, n, lds, pairs);
+  for (size_t i = 0; i < m; i++) {
+    float *row = (float *)pairs + i * lds;
+    for (size_t j = 0; j < lds; j++) {
+      float w = p[i * lds + j];
+      uint16_t high = pa_f32_to_bf16(w);
+      uint16_t parts[2] = {high, pa_f32_to_bf16(w - pa_bf16_to_f32(high))};
+      if (j >= pa_split_row_keys(n)) parts[0] = parts[1] = 0x7fc0;
+      memcpy(row + j, parts, sizeof parts);
+    }
+  }
+  return pairs;
 }
 
 /* Packed tiles: each family packs in its own layout, so compare the
@@ -845,9 +900,9 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
     float *got = malloc(m * lds * 4), *want = malloc(m * lds * 4), *p = malloc(m * lds * 4);
     float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4), *rescale = malloc(m * 4);
     random_elements(rng, act, q_act, m * ldq);
+    pa_load_row_fn load_q_tiled = k->load_q_tiled ? k->load_q_tiled : k->load_q_packed;
     for (size_t i = 0; i < m; i++) {
-      k->load_q_packed((char *)q_k + i * ldq * k->q_size, (char *)q_act + i * ldq * act_size, d,
-                       1.0f);
+      load_q_tiled((char *)q_k + i * ldq * k->q_size, (char *)q_act + i * ldq * act_size, d, 1.0f);
       s->load_q_packed((char *)q_s + i * ldq * s->q_size, (char *)q_act + i * ldq * act_size, d,
                        1.0f);
     }
@@ -879,11 +934,12 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
     CHECK(bad == 0, "qk_tiled[%s,%s] poison=%d m=%zu n=%zu d=%zu block_size=%zu: %ld wrong",
           pa_dtype_name(act), pa_dtype_name(cache), poison, m, n, d, bs, bad);
 
-    /* P rounded to bf16 (a bf16 P V rounds it), zeros past n. */
+    /* P rounded to bf16 (a bf16 P V rounds it; split pairs keep it), zeros
+     * past n. */
     for (size_t i = 0; i < m; i++) {
       for (size_t j = 0; j < lds; j++) {
         float x = j < n && tu_int(rng, 0, 3) ? (float)tu_range(rng, 0, 1) : 0.0f;
-        p[i * lds + j] = pa_bf16_to_f32(pa_f32_to_bf16(x));
+        p[i * lds + j] = k->tiled_p_split ? x : pa_bf16_to_f32(pa_f32_to_bf16(x));
       }
       for (size_t e = 0; e < ldo; e++)
         o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
@@ -893,7 +949,7 @@ static void test_tiled_products(const pa_attn_ops *k, const pa_attn_ops *s, cons
     memset(stage, 0xff, pa_packed_bytes(d));
     void *p_rows = malloc(m * lds * 4);
     if (k->stage_tiled[1]) k->stage_tiled[1](stage, anchors[1], n, d, bs);
-    k->pv_tiled(m, n, d, packed_p(k, p, m, n, lds, p_rows), lds, anchors[1], bs, stage, o_got, ldo,
+    k->pv_tiled(m, n, d, tiled_p(k, p, m, n, lds, p_rows), lds, anchors[1], bs, stage, o_got, ldo,
                 rescale, NULL);
     free(stage), free(p_rows);
     s->pack_v(sp, unpacked[1].ptr, n, d);
@@ -949,11 +1005,15 @@ static void test_family(pa_isa isa, int bf16_dot, const pa_kernels *scalar, tu_r
   test_conversions(&k, scalar, rng);
   test_qk_pv(&k, scalar, rng);
   test_fp8_codes(&k, scalar, rng);
-  test_softmax(&k, scalar, rng, 0);
-  test_softmax_nan(&k, scalar, rng, 0);
+  test_softmax(&k, scalar, rng, WEIGHTS_F32);
+  test_softmax_nan(&k, scalar, rng, WEIGHTS_F32);
   if (k.softmax_bf16_rows != scalar->softmax_bf16_rows) {
-    test_softmax(&k, scalar, rng, 1);
-    test_softmax_nan(&k, scalar, rng, 1);
+    test_softmax(&k, scalar, rng, WEIGHTS_BF16_ROWS);
+    test_softmax_nan(&k, scalar, rng, WEIGHTS_BF16_ROWS);
+  }
+  if (k.softmax_split_rows != scalar->softmax_split_rows) {
+    test_softmax(&k, scalar, rng, WEIGHTS_SPLIT);
+    test_softmax_nan(&k, scalar, rng, WEIGHTS_SPLIT);
   }
   test_unpack_tiled(&k, tiled_rng);
   int tiled_pairs = 0;

@@ -138,8 +138,8 @@ def check_cache_holds(
 def test_forward_engine_steps(seed, kind, kv_cache_layout):
     """An engine's steps: prompts (one chunked over two steps), then decodes; two layers (one
     with a sliding window and sinks) share each step's metadata and plan. "auto": the layout
-    kv_layout_preferred gives (bf16 over a bf16 or FP8 cache on the amx path may be tiled); "tiled":
-    block sizes 16, 32, 128 and head sizes 64, 80, 128."""
+    kv_layout_preferred gives (bf16 over a bf16 or FP8 cache and f16 over FP8 may be tiled on
+    the amx path); "tiled": block sizes 16, 32, 128 and head sizes 64, 80, 128."""
     rng = random.Random(seed)
     tiled = kv_cache_layout == "tiled"
     for case in range(cases(6 if not tiled else 4)):

@@ -192,7 +192,7 @@ PA_INLINE void store_f32_weight_pair(float *row, size_t j, __m512 lo, __m512 hi)
 }
 
 static void pa_softmax_avx512(const pa_softmax_tile *t, float *s, size_t lds) {
-  pa512_softmax(t, s, lds, 0, store_f32_weights, store_f32_weight_pair);
+  pa512_softmax(t, s, lds, PA512_WEIGHTS_F32, store_f32_weights, store_f32_weight_pair);
 }
 
 void pa_attn_kernels_avx512(pa_kernels *k) {

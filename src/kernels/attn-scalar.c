@@ -123,9 +123,25 @@ static void pa_softmax_bf16_rows_scalar(const pa_softmax_tile *t, float *s, size
   }
 }
 
+/* The weights of pa_softmax_scalar as softmax_split_rows writes them: each
+ * float replaced by its bf16 high part and rest (see PA_SPLIT_ROW_KEYS). */
+static void pa_softmax_split_rows_scalar(const pa_softmax_tile *t, float *s, size_t lds) {
+  pa_softmax_scalar(t, s, lds);
+  for (size_t i = 0; i < t->m; i++) {
+    float *row = s + i * lds;
+    for (size_t j = 0; j < pa_split_row_keys(t->n); j++) {
+      float w = j < t->n ? row[j] : 0.0f;
+      uint16_t high = pa_f32_to_bf16(w);
+      uint16_t parts[2] = {high, pa_f32_to_bf16(w - pa_bf16_to_f32(high))};
+      memcpy(row + j, parts, sizeof parts);
+    }
+  }
+}
+
 void pa_attn_kernels_scalar(pa_kernels *k) {
   PA_SET_PER_DTYPE(k->qk, pa_qk_f32, scalar);
   PA_SET_PER_DTYPE(k->pv, pa_pv_f32, scalar);
   k->softmax = pa_softmax_scalar;
   k->softmax_bf16_rows = pa_softmax_bf16_rows_scalar;
+  k->softmax_split_rows = pa_softmax_split_rows_scalar;
 }

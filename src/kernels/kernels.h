@@ -106,6 +106,17 @@ static inline size_t pa_bf16_row_keys(size_t n) {
   return (n + PA_BF16_ROW_KEYS - 1) / PA_BF16_ROW_KEYS * PA_BF16_ROW_KEYS;
 }
 
+/* A softmax_split_rows (pa_kernels) writes each weight w as two bf16 over
+ * its own float: the high part h = bf16(w) in the low half, the rest
+ * bf16(w - h) in the high half (h + rest is w to about 2^-17, where one
+ * bf16 is 2^-9 off: for f16 activations), then zero pairs up to n rounded
+ * up to PA_SPLIT_ROW_KEYS. P V kernels over values whose every bf16 pair is
+ * one value twice take these pairs as they lie (pa_attn_ops.tiled_p_split). */
+enum { PA_SPLIT_ROW_KEYS = 16 };
+static inline size_t pa_split_row_keys(size_t n) {
+  return (n + PA_SPLIT_ROW_KEYS - 1) / PA_SPLIT_ROW_KEYS * PA_SPLIT_ROW_KEYS;
+}
+
 /* Packed tiles, for many query rows at once (prefill): a tile of up to
  * PA_PACK_KEYS keys is packed once into the micro-kernels' layout and then
  * used by every row. Layouts (ldv = d rounded up to 16, zero padding):
@@ -196,6 +207,15 @@ typedef struct pa_attn_ops {
   /* pv_packed and pv_tiled take P as the bf16 rows of the family's
    * softmax_bf16_rows, not f32 (the direct pv keeps f32). */
   int packed_p_bf16_rows;
+  /* Where set, Q for qk_tiled is loaded by this instead of load_q_packed,
+   * and pv_tiled takes P as the pairs of softmax_split_rows (tiled_p_split):
+   * the tiles' kernels of a pair whose packed kernels keep other forms. */
+  pa_load_row_fn load_q_tiled;
+  int tiled_p_split;
+  /* The tiles' kernels are given no requests for the next tile, as
+   * packed_unprefetched says for the packed ones; a direct item's tiles
+   * request its own reads just ahead instead (attend_tile). */
+  int tiled_unprefetched;
   /* Items with this many query rows per KV head or more (a prompt chunk,
    * a long speculative decode) take the packed kernels: where they start to
    * beat the direct ones from DRAM (the family's f32 figure unless the pair
@@ -234,6 +254,7 @@ typedef struct pa_kernels {
   pa_pv_fn pv[PA_NUM_DTYPES];                   /* by V dtype */
   pa_softmax_fn softmax;
   pa_softmax_fn softmax_bf16_rows;  /* see pa_softmax_fn */
+  pa_softmax_fn softmax_split_rows; /* see PA_SPLIT_ROW_KEYS */
   pa_pack_fn pack_k[PA_NUM_DTYPES]; /* f32 layouts, by cache dtype */
   pa_pack_fn pack_v[PA_NUM_DTYPES];
   pa_qk_packed_fn qk_packed;

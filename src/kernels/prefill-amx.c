@@ -28,7 +28,7 @@ enum {
   PA_TILE_STEP = 32,                            /* bf16 elements per A tile row */
   PA_GROUP_KEYS = 16,                           /* keys per Q K^T B tile */
   PA_MAX_GROUPS = PA_PACK_KEYS / PA_GROUP_KEYS, /* per call */
-  PA_MAX_STEPS = PA_PACK_KEYS / 32,             /* P V key steps per call */
+  PA_MAX_STEPS = PA_PACK_KEYS / 16, /* P V key steps per call: 32 keys, 16 over split pairs */
 };
 
 /* The rows of the C and A tiles of the thread's loaded configuration; 0:
@@ -94,9 +94,12 @@ static void qk_block_2x2(size_t d, const uint16_t *q, size_t ldq, const char *b0
   _tile_stored(PA_C11, s + PA_TILE_ROWS * lds + 16, lds * 4);
 }
 
-/* One row block (the tiles' configured rows) x the keys of groups b0 and b1. */
-static void qk_block_1x2(size_t d, const uint16_t *q, size_t ldq, const char *b0, const char *b1,
-                         size_t ldb, float *s, size_t lds, pa_prefetch *prefetch, size_t done) {
+/* One row block (the tiles' configured rows) x the keys of groups b0 and b1;
+ * `rest` (elements from each row's start; 0: none) holds the rests of Q's
+ * values split in two bf16 (f16 activations), whose products add to S. */
+static void qk_block_1x2(size_t d, const uint16_t *q, size_t ldq, size_t rest, const char *b0,
+                         const char *b1, size_t ldb, float *s, size_t lds, pa_prefetch *prefetch,
+                         size_t done) {
   _tile_zero(PA_C00);
   _tile_zero(PA_C01);
   for (size_t e = 0; e < d; e += PA_TILE_STEP) {
@@ -108,44 +111,56 @@ static void qk_block_1x2(size_t d, const uint16_t *q, size_t ldq, const char *b0
     _tile_loadd(PA_B1, b1 + e / 2 * ldb, ldb);
     _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
     _tile_dpbf16ps(PA_C01, PA_A0, PA_B1);
+    if (rest) {
+      _tile_loadd(PA_A1, q + rest + e, ldq * 2);
+      _tile_dpbf16ps(PA_C00, PA_A1, PA_B0);
+      _tile_dpbf16ps(PA_C01, PA_A1, PA_B1);
+    }
   }
   _tile_stored(PA_C00, s, lds * 4);
   _tile_stored(PA_C01, s + 16, lds * 4);
 }
 
-static void qk_block_1x1(size_t d, const uint16_t *q, size_t ldq, const char *b0, size_t ldb,
-                         float *s, size_t lds) {
+static void qk_block_1x1(size_t d, const uint16_t *q, size_t ldq, size_t rest, const char *b0,
+                         size_t ldb, float *s, size_t lds) {
   _tile_zero(PA_C00);
   for (size_t e = 0; e < d; e += PA_TILE_STEP) {
     _tile_loadd(PA_A0, q + e, ldq * 2);
     _tile_loadd(PA_B0, b0 + e / 2 * ldb, ldb);
     _tile_dpbf16ps(PA_C00, PA_A0, PA_B0);
+    if (rest) {
+      _tile_loadd(PA_A1, q + rest + e, ldq * 2);
+      _tile_dpbf16ps(PA_C00, PA_A1, PA_B0);
+    }
   }
   _tile_stored(PA_C00, s, lds * 4);
 }
 
 /* The keys of one row block (rows of the configuration) over all groups. */
-static void qk_row_block(size_t count, size_t d, const uint16_t *q, size_t ldq,
+static void qk_row_block(size_t count, size_t d, const uint16_t *q, size_t ldq, size_t rest,
                          const char *const *groups, size_t ldb, float *s, size_t lds,
                          pa_prefetch *prefetch) {
   size_t g = 0;
   for (; g + 2 <= count; g += 2) {
-    qk_block_1x2(d, q, ldq, groups[g], groups[g + 1], ldb, s + g * PA_GROUP_KEYS, lds, prefetch,
-                 g / 2 * (d / PA_TILE_STEP));
+    qk_block_1x2(d, q, ldq, rest, groups[g], groups[g + 1], ldb, s + g * PA_GROUP_KEYS, lds,
+                 prefetch, g / 2 * (d / PA_TILE_STEP));
   }
-  if (g < count) qk_block_1x1(d, q, ldq, groups[g], ldb, s + g * PA_GROUP_KEYS, lds);
+  if (g < count) qk_block_1x1(d, q, ldq, rest, groups[g], ldb, s + g * PA_GROUP_KEYS, lds);
   pa_prefetch_step(prefetch, (count + 1) / 2 * (d / PA_TILE_STEP));
 }
 
 /* S[i][j] for i < m and j < n rounded up to 16, group g holding keys
- * [16g, 16g + 16). Requests spread over each row block's groups. */
-static void qk_amx(size_t m, size_t n, size_t d, const uint16_t *q, size_t ldq,
+ * [16g, 16g + 16). Requests spread over each row block's groups. With
+ * rests (qk_block_1x2), every row block takes the one-block path: the
+ * 2 x 2 blocks fill the tile registers without them. */
+static void qk_amx(size_t m, size_t n, size_t d, const uint16_t *q, size_t ldq, size_t rest,
                    const char *const *groups, size_t ldb, float *s, size_t lds,
                    pa_prefetch *prefetch) {
   size_t count = (n + PA_GROUP_KEYS - 1) / PA_GROUP_KEYS, pairs = (count + 1) / 2;
   size_t whole = m / PA_TILE_ROWS * PA_TILE_ROWS, i = 0;
+  size_t block_pairs_end = rest ? 0 : whole;
   load_tile_config(first_rows(m));
-  for (; i + 2 * PA_TILE_ROWS <= whole; i += 2 * PA_TILE_ROWS) {
+  for (; i + 2 * PA_TILE_ROWS <= block_pairs_end; i += 2 * PA_TILE_ROWS) {
     pa_prefetch_span(prefetch, i, 2 * PA_TILE_ROWS, m, pairs);
     size_t g = 0;
     for (; g + 2 <= count; g += 2) {
@@ -154,14 +169,14 @@ static void qk_amx(size_t m, size_t n, size_t d, const uint16_t *q, size_t ldq,
       pa_prefetch_step(prefetch, g / 2 + 1);
     }
     for (size_t r = i; g < count && r < i + 2 * PA_TILE_ROWS; r += PA_TILE_ROWS)
-      qk_block_1x1(d, q + r * ldq, ldq, groups[g], ldb, s + r * lds + g * PA_GROUP_KEYS, lds);
+      qk_block_1x1(d, q + r * ldq, ldq, 0, groups[g], ldb, s + r * lds + g * PA_GROUP_KEYS, lds);
     pa_prefetch_step(prefetch, pairs);
   }
   for (; i < m; i += PA_TILE_ROWS) {
     if (i == whole && i > 0) load_tile_config((int)(m - whole)); /* the last rows */
     pa_prefetch_span(prefetch, i, PA_MIN(m - i, (size_t)PA_TILE_ROWS), m,
                      pairs * (d / PA_TILE_STEP));
-    qk_row_block(count, d, q + i * ldq, ldq, groups, ldb, s + i * lds, lds, prefetch);
+    qk_row_block(count, d, q + i * ldq, ldq, rest, groups, ldb, s + i * lds, lds, prefetch);
   }
 }
 
@@ -177,7 +192,7 @@ static void pa_qk_packed_bf16_amx(size_t m, size_t n, size_t d, const void *q, s
   const char *groups[PA_MAX_GROUPS] = {0};
   for (size_t g = 0; g * PA_GROUP_KEYS < n; g++)
     groups[g] = (const char *)k_packed + g * PA_GROUP_KEYS * 4;
-  qk_amx(m, n, d, q, ldq, groups, PA_PACK_KEYS * 4, s, lds, prefetch);
+  qk_amx(m, n, d, q, ldq, 0, groups, PA_PACK_KEYS * 4, s, lds, prefetch);
 }
 
 /* A tiled cache's 16-token groups are B tiles as they lie: 64-byte pair
@@ -188,7 +203,7 @@ static void pa_qk_tiled_bf16_amx(size_t m, size_t n, size_t d, const void *q, si
   (void)stage;
   const char *groups[PA_MAX_GROUPS] = {0};
   for (size_t g = 0; g * PA_GROUP_KEYS < n; g++) groups[g] = k_anchors[g * PA_GROUP_KEYS];
-  qk_amx(m, n, d, q, ldq, groups, 64, s, lds, prefetch);
+  qk_amx(m, n, d, q, ldq, 0, groups, 64, s, lds, prefetch);
 }
 
 /* ---- P V ------------------------------------------------------------------ */
@@ -498,7 +513,7 @@ static void pa_qk_staged_amx(size_t m, size_t n, size_t d, const void *q, size_t
   const char *groups[PA_MAX_GROUPS] = {0};
   for (size_t g = 0; g * PA_GROUP_KEYS < n; g++)
     groups[g] = (const char *)stage + g * PA_GROUP_KEYS * d * 2;
-  qk_amx(m, n, d, q, ldq, groups, 64, s, lds, prefetch);
+  qk_amx(m, n, d, q, ldq, 0, groups, 64, s, lds, prefetch);
 }
 
 static void pa_pv_staged_amx(size_t m, size_t n, size_t d, const void *p, size_t ldp,
@@ -506,6 +521,102 @@ static void pa_pv_staged_amx(size_t m, size_t n, size_t d, const void *p, size_t
                              size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   (void)v_anchors, (void)block_size;
   pa_pv_packed_bf16_amx(m, n, d, p, ldp, stage, o, ldo, rescale, prefetch);
+}
+
+/* ---- f16 activations over FP8 tiles -------------------------------------- */
+
+/* An f16 value has 11 significant bits, which two bf16 hold exactly: Q's
+ * rows hold the high parts in [0, padded) and the rests in [padded,
+ * 2 padded), padded = d rounded up to 64 (the q_size of 4 bytes an element
+ * leaves that room), and Q K^T adds the rests' products to S. One bf16 of
+ * P would be 2^-9 off, more than f16 outputs allow: the softmax leaves
+ * each weight as a split pair (softmax_split_rows), and the values are
+ * staged as pairs of one value twice, so that a product of pairs adds the
+ * high part's and the rest's terms. Twice the tiles' products of bf16
+ * activations, in place of the dot products' four per pair. */
+PA_INLINE size_t q_padded(size_t d) { return (d + 63) / 64 * 64; }
+
+static void pa_load_q_f16_split_amx(void *dst, const void *src, size_t n, float factor) {
+  (void)factor; /* the softmax scales the scores */
+  uint16_t *high = dst, *rest = (uint16_t *)dst + q_padded(n);
+  const uint16_t *in = src;
+  for (size_t e = 0; e < q_padded(n); e += 16) {
+    __mmask16 m = pa512_tail_mask(e < n ? n - e : 0);
+    __m256i h, r;
+    bf16_parts(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, in + e)), &h, &r);
+    _mm256_storeu_si256((__m256i *)(high + e), h);
+    _mm256_storeu_si256((__m256i *)(rest + e), r);
+  }
+}
+
+/* A staged key's row, or zeros from `keep` on. */
+PA_INLINE __m512i key_before(__m512i row, size_t key, size_t keep) {
+  return key < keep ? row : _mm512_setzero_si512();
+}
+
+/* Values staged as pairs of one value twice: key j's row of d pairs at
+ * j * d (32-bit units), from a tiled FP8 cache's pair rows (keys 2r and
+ * 2r + 1 of 16 columns, one word a column once converted); keys past n
+ * zero, up to a multiple of 16. */
+PA_INLINE void stage_values_fp8_twice(const pa_fp8_bytes *bytes, void *stage,
+                                      const void *const *v_anchors, size_t n, size_t d,
+                                      size_t block_size) {
+  const pa_fp8_tables t = fp8_tables(bytes);
+  const size_t column_bytes = PA_GROUP_KEYS * block_size;
+  const __m512i low_half = _mm512_set1_epi32(0xffff);
+  uint32_t *dst = stage;
+  for (size_t j = 0; j < n; j += PA_GROUP_KEYS) {
+    const uint8_t *src = v_anchors[j];
+    size_t keep = PA_MIN(n - j, (size_t)PA_GROUP_KEYS);
+    for (size_t c = 0; c < d / PA_GROUP_KEYS; c++) {
+      for (size_t r = 0; r < PA_GROUP_KEYS / 2; r += 2) {
+        __m512i pairs[2];
+        fp8x64_bf16(_mm512_loadu_si512(src + c * column_bytes + r * 32), &t, &pairs[0], &pairs[1]);
+        for (size_t h = 0; h < 2; h++) {
+          size_t key = 2 * (r + h);
+          __m512i w = pairs[h];
+          __m512i even = _mm512_or_si512(_mm512_and_si512(w, low_half), _mm512_slli_epi32(w, 16));
+          __m512i odd = _mm512_or_si512(_mm512_srli_epi32(w, 16), _mm512_andnot_si512(low_half, w));
+          uint32_t *row = dst + (j + key) * d + c * PA_GROUP_KEYS;
+          _mm512_storeu_si512(row, key_before(even, key, keep));
+          _mm512_storeu_si512(row + d, key_before(odd, key + 1, keep));
+        }
+      }
+    }
+  }
+}
+
+#define PA_DEFINE_STAGE_TWICE(suffix)                                                       \
+  static void pa_stage_values_twice_##suffix##_amx(void *stage, const void *const *anchors, \
+                                                   size_t n, size_t d, size_t block_size) { \
+    stage_values_fp8_twice(&pa_##suffix##_bytes, stage, anchors, n, d, block_size);         \
+  }
+
+PA_DEFINE_STAGE_TWICE(e4m3)
+PA_DEFINE_STAGE_TWICE(e5m2)
+
+/* Q's rows are ldq elements of 4 bytes apart: 2 ldq bf16. */
+static void pa_qk_staged_split_amx(size_t m, size_t n, size_t d, const void *q, size_t ldq,
+                                   const void *const *k_anchors, void *stage, float *s, size_t lds,
+                                   pa_prefetch *prefetch) {
+  (void)k_anchors;
+  const char *groups[PA_MAX_GROUPS] = {0};
+  for (size_t g = 0; g * PA_GROUP_KEYS < n; g++)
+    groups[g] = (const char *)stage + g * PA_GROUP_KEYS * d * 2;
+  qk_amx(m, n, d, q, 2 * ldq, q_padded(d), groups, 64, s, lds, prefetch);
+}
+
+/* P's split pairs, 16 keys (64 bytes) an A tile row, over the staged
+ * values' rows of pairs. */
+static void pa_pv_staged_twice_amx(size_t m, size_t n, size_t d, const void *p, size_t ldp,
+                                   const void *const *v_anchors, size_t block_size, void *stage,
+                                   float *o, size_t ldo, const float *rescale,
+                                   pa_prefetch *prefetch) {
+  (void)v_anchors, (void)block_size;
+  const char *step[PA_MAX_STEPS] = {0};
+  pa_pv_source v = {step, d * 4, 64, (n + PA_GROUP_KEYS - 1) / PA_GROUP_KEYS, 0};
+  for (size_t t = 0; t < v.steps; t++) step[t] = (const char *)stage + t * PA_GROUP_KEYS * d * 4;
+  pv_amx(m, d, p, ldp, &v, o, ldo, rescale, prefetch);
 }
 
 static void pa_release_tiles_amx(void) {
@@ -553,5 +664,25 @@ void pa_prefill_kernels_amx(pa_kernels *k) {
     tiled->tiled_head_multiple = PA_TILE_STEP;
     tiled->tiled_whole_tiles = 1; /* each call loads the tile configuration */
     tiled->tiled_preferred = 1;
+    tiled->tiled_unprefetched = 1;
+  }
+  /* f16 over FP8 tiles; the pair's packed kernels (a cache in rows) keep
+   * the f32 forms of Q and P. */
+  static const pa_stage_tiled_fn values_twice[PA_NUM_DTYPES] = {
+      [PA_FP8_E4M3] = pa_stage_values_twice_e4m3_amx,
+      [PA_FP8_E5M2] = pa_stage_values_twice_e5m2_amx};
+  for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
+    if (!values_twice[cache]) continue;
+    pa_attn_ops *tiled = &k->attn[PA_F16][cache];
+    tiled->load_q_tiled = pa_load_q_f16_split_amx;
+    tiled->tiled_p_split = 1;
+    tiled->qk_tiled = pa_qk_staged_split_amx;
+    tiled->pv_tiled = pa_pv_staged_twice_amx;
+    tiled->stage_tiled[0] = key_stages[cache];
+    tiled->stage_tiled[1] = values_twice[cache];
+    tiled->tiled_head_multiple = PA_TILE_STEP;
+    tiled->tiled_whole_tiles = 1;
+    tiled->tiled_preferred = 1;
+    tiled->tiled_unprefetched = 1;
   }
 }

@@ -282,7 +282,32 @@ PA_INLINE void store_bf16_weight_pair(float *row, size_t j, __m512 lo, __m512 hi
 }
 
 static void pa_softmax_bf16_rows_avx512bf16(const pa_softmax_tile *t, float *s, size_t lds) {
-  pa512_softmax(t, s, lds, 1, store_bf16_weights, store_bf16_weight_pair);
+  pa512_softmax(t, s, lds, PA512_WEIGHTS_BF16_ROWS, store_bf16_weights, store_bf16_weight_pair);
+}
+
+/* The split pairs of 16 weights (see PA_SPLIT_ROW_KEYS), each over its own
+ * float. */
+PA_INLINE __m512i split_pairs(__m512 weights) {
+  __m256i high, rest;
+  bf16_parts(weights, &high, &rest);
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(high),
+                         _mm512_slli_epi32(_mm512_cvtepu16_epi32(rest), 16));
+}
+
+/* Whole vectors: the lanes past n hold zeros (pa512_softmax), and the
+ * split rows have zero pairs up to a multiple of 16. */
+PA_INLINE void store_split_weights(float *row, size_t j, __m512 weights, __mmask16 in_tile) {
+  (void)in_tile;
+  _mm512_storeu_si512(row + j, split_pairs(weights));
+}
+
+PA_INLINE void store_split_weight_pair(float *row, size_t j, __m512 lo, __m512 hi) {
+  _mm512_storeu_si512(row + j, split_pairs(lo));
+  _mm512_storeu_si512(row + j + 16, split_pairs(hi));
+}
+
+static void pa_softmax_split_rows_avx512bf16(const pa_softmax_tile *t, float *s, size_t lds) {
+  pa512_softmax(t, s, lds, PA512_WEIGHTS_SPLIT, store_split_weights, store_split_weight_pair);
 }
 
 /* These packed kernels overtake the direct ones (whose Q K^T blocks end in a
@@ -292,6 +317,7 @@ static void pa_softmax_bf16_rows_avx512bf16(const pa_softmax_tile *t, float *s, 
 void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
   pa_bf16_tables_init();
   k->softmax_bf16_rows = pa_softmax_bf16_rows_avx512bf16;
+  k->softmax_split_rows = pa_softmax_split_rows_avx512bf16;
   static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {[PA_BF16] = pa_pack_k_bf16_avx512bf16,
                                                    [PA_FP8_E4M3] = pa_pack_k_e4m3_avx512bf16,
                                                    [PA_FP8_E5M2] = pa_pack_k_e5m2_avx512bf16};

@@ -1,7 +1,8 @@
 /* The online softmax of a key tile (pa_softmax_fn) on AVX-512, one source
  * for the families that store its weights differently: f32 over S
- * (attn-avx512.c), or bf16 over the start of each row for the P V kernels
- * that take them so (softmax_bf16_rows, attn-avx512bf16.c). */
+ * (attn-avx512.c), or bf16 over the start of each row, or as split pairs,
+ * for the P V kernels that take them so (softmax_bf16_rows and
+ * softmax_split_rows, prefill-avx512bf16.c). */
 #ifndef PA_SOFTMAX_AVX512_H
 #define PA_SOFTMAX_AVX512_H
 
@@ -11,7 +12,8 @@
 #include "avx512-common.h"
 #include "kernels.h"
 
-/* Stores the weights of keys [j, j + 16) of a row (lanes in in_tile). */
+/* Stores the weights of keys [j, j + 16) of a row (lanes in in_tile; the
+ * others are zeros, which a split store writes too). */
 typedef void (*pa512_store_weights)(float *row, size_t j, __m512 weights, __mmask16 in_tile);
 /* Stores the weights of keys [j, j + 16) and [j + 16, j + 32): a pair
  * converts to bf16 in one instruction. */
@@ -81,14 +83,20 @@ PA_INLINE __m512 raw_max_row(size_t n, const float *row) {
   return vmax;
 }
 
+/* How a softmax leaves its weights: f32 over S, the rows of a
+ * softmax_bf16_rows (rounded: the exp to 1e-4 is enough), or the pairs of
+ * a softmax_split_rows, whose stores write whole vectors (zeros past n). */
+enum { PA512_WEIGHTS_F32, PA512_WEIGHTS_BF16_ROWS, PA512_WEIGHTS_SPLIT };
+
 /* Three passes, the per-row reductions done 16 rows at a time by a
  * transpose tree: every row's maximum and the correction of its running
  * state; every row's weights; every row's sum. A plain tile (see
  * raw_max_row) skips writing logits: its weights are 2^(s * c - max) with
  * c the score scale in base 2, one FMA from the raw score. */
-PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, const int bf16_rows,
+PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, const int form,
                              pa512_store_weights store, pa512_store_weight_pair store_pair) {
   const int plain = !t->key_lo && t->soft_cap == 0.0f && !t->alibi;
+  const int bf16_rows = form == PA512_WEIGHTS_BF16_ROWS;
   const int rounded = bf16_rows || t->bf16_weights;
   /* In a local: the stores through `row` may alias *t as far as the
    * compiler knows, and t->n would be reloaded after each. */
