@@ -27,10 +27,27 @@ PA_INLINE void zero_bf16_tail(float *row, size_t n) {
 }
 
 /* The weight 2^x: to 1e-4 where it will be rounded to bf16, else to f32;
- * in a plain tile (no -inf logits) the rounded one without its mask. */
-PA_INLINE __m512 weight_of(__m512 x, int rounded, int plain) {
-  if (rounded) return plain ? pa512_exp2_bf16_finite(x) : pa512_exp2_bf16(x);
+ * where no logit is -inf (raw scores) the rounded one without its mask. */
+PA_INLINE __m512 weight_of(__m512 x, int rounded, int finite) {
+  if (rounded) return finite ? pa512_exp2_bf16_finite(x) : pa512_exp2_bf16(x);
   return pa512_exp2(x);
+}
+
+/* The tile's columns [*lo, *hi) that row i sees (possibly none). */
+PA_INLINE void visible_columns(const pa_softmax_tile *t, size_t i, int64_t *lo, int64_t *hi) {
+  *lo = 0, *hi = (int64_t)t->n;
+  if (t->key_lo) {
+    *lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
+    *hi = PA_MIN((int64_t)t->key_hi[i] - t->first_key, (int64_t)t->n);
+  }
+}
+
+/* The lanes of columns [j, j + 16) inside [lo, hi). */
+PA_INLINE __mmask16 columns_in(int64_t lo, int64_t hi, size_t j) {
+  int64_t first = lo - (int64_t)j, end = hi - (int64_t)j;
+  uint32_t before_end = end >= 16 ? 0xffffu : end <= 0 ? 0u : (1u << end) - 1;
+  uint32_t from_first = first <= 0 ? 0xffffu : first >= 16 ? 0u : 0xffffu & ~((1u << first) - 1);
+  return (__mmask16)(before_end & from_first);
 }
 
 /* Base-2 logits of row i's visible columns written over the row (-inf
@@ -39,11 +56,8 @@ PA_INLINE __m512 logits_row(const pa_softmax_tile *t, size_t i, float *row) {
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
   const float cap = t->soft_cap;
-  int64_t lo = 0, hi = (int64_t)t->n;
-  if (t->key_lo) {
-    lo = PA_MAX((int64_t)t->key_lo[i] - t->first_key, 0);
-    hi = PA_MIN((int64_t)t->key_hi[i] - t->first_key, (int64_t)t->n);
-  }
+  int64_t lo, hi;
+  visible_columns(t, i, &lo, &hi);
   __m512 vmax = minus_inf;
   for (size_t j = 0; j < t->n; j += 16) {
     __mmask16 in_tile = pa512_tail_mask(t->n - j);
@@ -69,9 +83,19 @@ PA_INLINE __m512 logits_row(const pa_softmax_tile *t, size_t i, float *row) {
   return vmax;
 }
 
-/* Lane-wise maximum of a row's raw scores (a plain tile: every key
- * visible, no cap, no ALiBi, so the logits are the scores times a constant
- * and need not be written). */
+/* Lane-wise maximum of a row's raw scores in columns [lo, hi) (no cap, no
+ * ALiBi: the logits are the scores times a constant and need not be
+ * written; the weights pass masks the columns the row does not see). */
+PA_INLINE __m512 raw_max_columns(int64_t lo, int64_t hi, const float *row) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = lo / 16 * 16; j < hi; j += 16) {
+    __mmask16 m = columns_in(lo, hi, (size_t)j);
+    vmax = _mm512_mask_max_ps(vmax, m, _mm512_maskz_loadu_ps(m, row + j), vmax); /* as above */
+  }
+  return vmax;
+}
+
+/* The same over the whole tile. */
 PA_INLINE __m512 raw_max_row(size_t n, const float *row) {
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   size_t j = 0;
@@ -90,12 +114,14 @@ enum { PA512_WEIGHTS_F32, PA512_WEIGHTS_BF16_ROWS, PA512_WEIGHTS_SPLIT };
 
 /* Three passes, the per-row reductions done 16 rows at a time by a
  * transpose tree: every row's maximum and the correction of its running
- * state; every row's weights; every row's sum. A plain tile (see
- * raw_max_row) skips writing logits: its weights are 2^(s * c - max) with
- * c the score scale in base 2, one FMA from the raw score. */
+ * state; every row's weights; every row's sum. Without a cap or ALiBi
+ * (`raw`) no logits are written: the weights are 2^(s * c - max) with c
+ * the score scale in base 2, one FMA from the raw score, and a row that
+ * sees only part of the tile (a causal diagonal, a window) has the other
+ * columns' weights masked to zero. */
 PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, const int form,
                              pa512_store_weights store, pa512_store_weight_pair store_pair) {
-  const int plain = !t->key_lo && t->soft_cap == 0.0f && !t->alibi;
+  const int raw = t->soft_cap == 0.0f && !t->alibi;
   const int bf16_rows = form == PA512_WEIGHTS_BF16_ROWS;
   const int rounded = bf16_rows || t->bf16_weights;
   /* In a local: the stores through `row` may alias *t as far as the
@@ -107,11 +133,15 @@ PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, con
     size_t rows = t->m - i0 < 16 ? t->m - i0 : 16; /* >= 1 as i0 < m */
     for (size_t r = 0; r < rows; r++) {            // cppcheck-suppress knownConditionTrueFalse
       float *row = s + (i0 + r) * lds;
-      lanes[r] = plain ? raw_max_row(n, row) : logits_row(t, i0 + r, row);
+      int64_t first, end;
+      visible_columns(t, i0 + r, &first, &end);
+      lanes[r] = !raw                              ? logits_row(t, i0 + r, row)
+                 : first == 0 && end == (int64_t)n ? raw_max_row(n, row)
+                                                   : raw_max_columns(first, end, row);
     }
     for (size_t r = rows; r < 16; r++) lanes[r] = _mm512_set1_ps(-INFINITY);
     __m512 tile_max = pa512_reduce16_with(lanes, pa512_max);
-    if (plain) tile_max = _mm512_mul_ps(tile_max, _mm512_set1_ps(c));
+    if (raw) tile_max = _mm512_mul_ps(tile_max, _mm512_set1_ps(c));
     __mmask16 m = pa512_tail_mask(rows);
     __m512 before = _mm512_maskz_loadu_ps(m, t->row_max + i0);
     __m512 after = _mm512_max_ps(before, tile_max);
@@ -137,27 +167,38 @@ PA_INLINE void pa512_softmax(const pa_softmax_tile *t, float *s, size_t lds, con
         if (bf16_rows) zero_bf16_tail(row, n);
         continue;
       }
-      __m512 scale = _mm512_set1_ps(plain ? c : 1.0f),
+      __m512 scale = _mm512_set1_ps(raw ? c : 1.0f),
              minus = _mm512_permutexvar_ps(_mm512_set1_epi32((int)r), minus_after);
       /* The row's sum in a register: lanes[r], indexed at run time, lives
        * in memory, and adding into it there chains every step through a
        * store and a reload. */
       __m512 total = _mm512_setzero_ps();
       size_t j = 0;
+      int64_t first, end;
+      visible_columns(t, i0 + r, &first, &end);
+      if (raw && (first > 0 || end < (int64_t)n)) { /* part of the tile, by masks */
+        for (; j < n; j += 16) {
+          __mmask16 seen = columns_in(first, end, j);
+          __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(seen, row + j), scale, minus);
+          __m512 weight = _mm512_maskz_mov_ps(seen, weight_of(x, rounded, 1));
+          store(row, j, weight, pa512_tail_mask(n - j));
+          total = _mm512_add_ps(total, weight);
+        }
+      }
       /* Whole pairs of vectors without masks, then the tail
        * (docs/code-figures.md, AVX-512 pa_softmax_avx512). */
       for (; j + 32 <= n; j += 32) {
         __m512 lo = _mm512_fmadd_ps(_mm512_loadu_ps(row + j), scale, minus);
         __m512 hi = _mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), scale, minus);
-        lo = weight_of(lo, rounded, plain);
-        hi = weight_of(hi, rounded, plain);
+        lo = weight_of(lo, rounded, raw);
+        hi = weight_of(hi, rounded, raw);
         store_pair(row, j, lo, hi);
         total = _mm512_add_ps(total, _mm512_add_ps(lo, hi));
       }
       for (; j < n; j += 16) {
         __mmask16 in_tile = pa512_tail_mask(n - j);
         __m512 x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_tile, row + j), scale, minus);
-        __m512 weight = _mm512_maskz_mov_ps(in_tile, weight_of(x, rounded, plain));
+        __m512 weight = _mm512_maskz_mov_ps(in_tile, weight_of(x, rounded, raw));
         store(row, j, weight, in_tile);
         total = _mm512_add_ps(total, weight);
       }
