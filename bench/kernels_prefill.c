@@ -39,6 +39,7 @@ static const prefill_case cases[] = {
     {"bf16_tiled_bs16", PA_BF16, PA_BF16, 128, 16},
     {"bf16_hs64_tiled", PA_BF16, PA_BF16, 64, 128},
     {"fp8_e4m3_tiled", PA_BF16, PA_FP8_E4M3, 128, 128},
+    {"f16_fp8_e4m3_tiled", PA_F16, PA_FP8_E4M3, 128, 128},
 };
 
 typedef struct prefill_times {
@@ -62,7 +63,9 @@ static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c
   for (size_t r = 0; r < m; r++) {
     for (size_t e = 0; e < d; e++) q_f32[e] = (float)(pab_rng_next(&rng) % 100) / 50 - 1;
     k->store_row[c->act](q_act, q_f32, d, 1.0f);
-    ops->load_q_packed(q + r * ldq * ops->q_size, q_act, d, 0.1f);
+    pa_load_row_fn load_q =
+        c->tiled_block && ops->load_q_tiled ? ops->load_q_tiled : ops->load_q_packed;
+    load_q(q + r * ldq * ops->q_size, q_act, d, 0.1f);
   }
   /* Bytes 0x30-0x3b: small normal values of every cache dtype (see bench/kernels.c). */
   for (size_t i = 0; i < 2 * n * row_bytes; i++) kv[i] = (char)(0x30 | (pab_rng_next(&rng) & 0x0b));
@@ -104,7 +107,9 @@ static prefill_times time_packed_tile(const pa_kernels *k, const prefill_case *c
       ops->qk_packed(m, n, d, q, ldq, k_packed, s, n, NULL);
     }
     double t2 = pab_now();
-    (ops->packed_p_bf16_rows ? k->softmax_bf16_rows : k->softmax)(&tile, s, n);
+    (c->tiled_block && ops->tiled_p_split ? k->softmax_split_rows
+     : ops->packed_p_bf16_rows            ? k->softmax_bf16_rows
+                                          : k->softmax)(&tile, s, n);
     double t3 = pab_now();
     if (c->tiled_block) {
       ops->pv_tiled(m, n, d, s, n, v_rows, c->tiled_block, v_packed, o, d, rescale, NULL);
