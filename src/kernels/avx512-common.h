@@ -132,10 +132,14 @@ PA_INLINE __m512 pa512_exp2_poly(__m512 x, const float *c, int count, const int 
 }
 
 /* 2^x to 2.4e-7 relative (degree-5 minimax polynomial). */
-PA_INLINE __m512 pa512_exp2(__m512 x) {
-  const float c[6] = {1.3280616e-3f, 9.6756266e-3f, 5.5507012e-2f,
-                      2.4022117e-1f, 6.9314694e-1f, 1.0f};
-  return pa512_exp2_poly(x, c, 6, 0);
+static const float pa512_exp2_coefficients[6] = {1.3280616e-3f, 9.6756266e-3f, 5.5507012e-2f,
+                                                 2.4022117e-1f, 6.9314694e-1f, 1.0f};
+
+PA_INLINE __m512 pa512_exp2(__m512 x) { return pa512_exp2_poly(x, pa512_exp2_coefficients, 6, 0); }
+
+/* The same for x that is never -inf (see pa512_exp2_bf16_finite). */
+PA_INLINE __m512 pa512_exp2_finite(__m512 x) {
+  return pa512_exp2_poly(x, pa512_exp2_coefficients, 6, 1);
 }
 
 /* 2^x to 1.0e-4 relative (degree-3 minimax polynomial, exact at 0): for
@@ -148,7 +152,8 @@ PA_INLINE __m512 pa512_exp2_bf16(__m512 x) {
 }
 
 /* The same for x that is never -inf, where 2^-125 may stand for a smaller
- * weight (a plain tile's: every key visible): one mask fewer. */
+ * weight (raw scores, the masked columns' weights zeroed by the caller):
+ * one mask fewer. */
 PA_INLINE __m512 pa512_exp2_bf16_finite(__m512 x) {
   return pa512_exp2_poly(x, pa512_exp2_bf16_coefficients, 4, 1);
 }

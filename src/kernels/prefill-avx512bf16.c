@@ -285,13 +285,20 @@ static void pa_softmax_bf16_rows_avx512bf16(const pa_softmax_tile *t, float *s, 
   pa512_softmax(t, s, lds, PA512_WEIGHTS_BF16_ROWS, store_bf16_weights, store_bf16_weight_pair);
 }
 
+/* Word k of a vcvtne2ps2bf16 of (rests, weights) to word 2k, and the rest
+ * (word 16 + k) to word 2k + 1. */
+static const uint16_t pa_pair_words[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                           21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                           11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
 /* The split pairs of 16 weights (see PA_SPLIT_ROW_KEYS), each over its own
- * float. */
+ * float. Weights are finite or NaN (never infinite), so the rest needs no
+ * mask (bf16_parts has one for Q). */
 PA_INLINE __m512i split_pairs(__m512 weights) {
-  __m256i high, rest;
-  bf16_parts(weights, &high, &rest);
-  return _mm512_or_si512(_mm512_cvtepu16_epi32(high),
-                         _mm512_slli_epi32(_mm512_cvtepu16_epi32(rest), 16));
+  __m256i high = (__m256i)_mm512_cvtneps_pbh(weights);
+  __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(high), 16));
+  __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(weights, back), weights);
+  return _mm512_permutexvar_epi16(_mm512_loadu_si512(pa_pair_words), both);
 }
 
 /* Whole vectors: the lanes past n hold zeros (pa512_softmax), and the

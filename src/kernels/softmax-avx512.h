@@ -27,10 +27,10 @@ PA_INLINE void zero_bf16_tail(float *row, size_t n) {
 }
 
 /* The weight 2^x: to 1e-4 where it will be rounded to bf16, else to f32;
- * where no logit is -inf (raw scores) the rounded one without its mask. */
+ * where no logit is -inf (raw scores) without the mask for it. */
 PA_INLINE __m512 weight_of(__m512 x, int rounded, int finite) {
   if (rounded) return finite ? pa512_exp2_bf16_finite(x) : pa512_exp2_bf16(x);
-  return pa512_exp2(x);
+  return finite ? pa512_exp2_finite(x) : pa512_exp2(x);
 }
 
 /* The tile's columns [*lo, *hi) that row i sees (possibly none). */
