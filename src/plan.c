@@ -124,6 +124,7 @@ static pa_status push_sequence(pa_plan *plan, const pa_plan_request *r, int s, i
                                int kv_per_item, const char *caller) {
   int group = r->num_heads / r->num_kv_heads;
   int64_t q_len = plan->q_starts[s + 1] - plan->q_starts[s];
+  size_t first = plan->num_items;
   for (int kv = 0; kv < r->num_kv_heads; kv += kv_per_item) {
     int kv_end = PA_MIN(kv + kv_per_item, r->num_kv_heads);
     for (int h = 0; h < group; h += heads) {
@@ -147,6 +148,9 @@ static pa_status push_sequence(pa_plan *plan, const pa_plan_request *r, int s, i
       }
     }
   }
+  int64_t longest = 0;
+  for (size_t i = first; i < plan->num_items; i++) longest = PA_MAX(longest, plan->items[i].cost);
+  for (size_t i = first; i < plan->num_items; i++) plan->items[i].group_cost = longest;
   return PA_OK;
 }
 
@@ -251,8 +255,14 @@ static pa_status split_long_items(pa_plan *plan, const pa_plan_request *r, const
   return PA_OK;
 }
 
-/* Largest sequence first (by its longest item), then a sequence's items
- * together, longest first, then by position for a deterministic order. */
+/* The pool takes items in order. A sequence's items one after another
+ * find its K/V, Q and O in cache: in order of cost alone, the items of one
+ * row position in every sequence came together, and a batch of prompts
+ * read each sequence's K/V from memory again for every row position
+ * (docs/xeon-amx.md, "Items by sequence"). So: the sequence with the
+ * longest item first (group_cost: before splits), a sequence's items
+ * together, longest first, so that the last items taken are short; then by
+ * position for a deterministic order. */
 static int before(const pa_plan_item *x, const pa_plan_item *y) {
   if (x->group_cost != y->group_cost) return x->group_cost > y->group_cost;
   if (x->seq != y->seq) return x->seq < y->seq;
@@ -285,25 +295,6 @@ static void sort_items(pa_plan_item *items, size_t count) {
   }
 }
 
-/* The pool takes items in order. A sequence's items one after another
- * find its K/V, Q and O in cache: in order of cost alone, the items of one
- * row position in every sequence came together, and a batch of prompts
- * read each sequence's K/V from memory again for every row position
- * (docs/xeon-amx.md, "Items by sequence"). Sequences go by their longest
- * item, and each sequence's items longest first, so the last items taken
- * are short. */
-static void order_items(pa_plan_item *items, size_t count) {
-  for (size_t i = 0; i < count; i++) items[i].group_cost = 0;
-  sort_items(items, count); /* by sequence, longest first within each */
-  for (size_t i = 0; i < count;) {
-    size_t end = i + 1;
-    while (end < count && items[end].seq == items[i].seq) end++;
-    for (size_t j = i; j < end; j++) items[j].group_cost = items[i].cost;
-    i = end;
-  }
-  sort_items(items, count);
-}
-
 pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *caller) {
   size_t seqs = (size_t)r->num_seqs;
   /* q_starts and kv_lens share one allocation: [seqs + 1] then [seqs]. */
@@ -333,7 +324,7 @@ pa_status pa_plan_build(pa_plan *plan, const pa_plan_request *r, const char *cal
   pa_status status = make_items(plan, r, caller);
   if (status == PA_OK) status = split_long_items(plan, r, caller);
   if (status != PA_OK) return status;
-  order_items(plan->items, plan->num_items);
+  sort_items(plan->items, plan->num_items);
   plan->scratch_bytes = pa_scratch_layout_for(plan->max_rows, r->head_size, plan->key_tile).total;
   return PA_OK;
 }

@@ -9,7 +9,7 @@
  * split across several items (split-K); their partial results are merged
  * through the log-sum-exp afterwards, one merge per split group. The pool
  * takes items in order: a sequence's items together, longest first, and
- * sequences by their longest item (order_items). */
+ * sequences by their longest item (plan.c, `before`). */
 #ifndef PA_PLAN_H
 #define PA_PLAN_H
 
@@ -24,7 +24,7 @@ struct pa_plan_item {
   int32_t split;       /* index within its split group; -1 when not split */
   int32_t split_group; /* index into pa_plan.groups when split */
   int64_t cost;        /* for ordering: attended (row, head, key) triples plus keys read */
-  int64_t group_cost;  /* the largest cost among its sequence's items (see order_items) */
+  int64_t group_cost;  /* the largest cost among its sequence's items before splits */
 };
 
 /* Rows of a split group merged by one task. */

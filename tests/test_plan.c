@@ -2,7 +2,8 @@
  * cover every (sequence, query head, query row) over all of its keys exactly
  * once, split pieces included, and come in the order the pool relies on: a
  * sequence's items together, longest first, sequences by their longest
- * item; pa_row_walk names an item's rows as pa_item_row_head does. */
+ * item (before splits); pa_row_walk names an item's rows as
+ * pa_item_row_head does. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,26 +102,51 @@ static int check_walk(const pa_plan *plan, tu_rng *rng) {
   return 0;
 }
 
+/* A sequence's items together, longest first; sequences by their longest
+ * item before splits (group_cost: every item's cost or more, and its
+ * sequence's longest when none of them is split). */
 static int check_order(const pa_plan *plan) {
   int seen[PA_TEST_MAX_SEQS] = {0};
-  int64_t previous_longest = INT64_MAX;
-  for (size_t i = 0; i < plan->num_items; i++) {
-    const pa_plan_item *item = &plan->items[i];
-    if (i == 0 || item->seq != plan->items[i - 1].seq) {
+  int64_t previous_group = INT64_MAX;
+  size_t first = 0; /* of the current sequence */
+  for (size_t i = 0; i <= plan->num_items; i++) {
+    const pa_plan_item *item = i < plan->num_items ? &plan->items[i] : NULL;
+    if (i > 0 && (!item || item->seq != plan->items[i - 1].seq)) {
+      /* The sequence of items [first, i) is complete. */
+      const pa_plan_item *head = &plan->items[first];
+      int split = 0;
+      for (size_t j = first; j < i; j++) split |= plan->items[j].split >= 0;
+      if (!split && head->group_cost != head->cost) {
+        fprintf(stderr, "item %zu: sequence %d's group cost %lld, its longest item %lld\n", first,
+                head->seq, (long long)head->group_cost, (long long)head->cost);
+        return 1;
+      }
+      first = i;
+    }
+    if (!item) break;
+    if (item->cost > item->group_cost) {
+      fprintf(stderr, "item %zu: cost %lld above its group cost %lld\n", i, (long long)item->cost,
+              (long long)item->group_cost);
+      return 1;
+    }
+    if (i == first) {
       if (seen[item->seq]) {
         fprintf(stderr, "item %zu: sequence %d's items are not together\n", i, item->seq);
         return 1;
       }
       seen[item->seq] = 1;
-      if (item->cost > previous_longest) {
-        fprintf(stderr, "item %zu: sequence %d (longest item %lld) after a shorter one (%lld)\n", i,
-                item->seq, (long long)item->cost, (long long)previous_longest);
+      if (item->group_cost > previous_group) {
+        fprintf(stderr, "item %zu: sequence %d (group cost %lld) after a smaller one (%lld)\n", i,
+                item->seq, (long long)item->group_cost, (long long)previous_group);
         return 1;
       }
-      previous_longest = item->cost;
-    } else if (item->cost > plan->items[i - 1].cost) {
-      fprintf(stderr, "item %zu: cost %lld after %lld within sequence %d\n", i,
-              (long long)item->cost, (long long)plan->items[i - 1].cost, item->seq);
+      previous_group = item->group_cost;
+    } else if (item->cost > plan->items[i - 1].cost ||
+               item->group_cost != plan->items[i - 1].group_cost) {
+      fprintf(stderr, "item %zu: cost %lld (group %lld) after %lld (group %lld) in sequence %d\n",
+              i, (long long)item->cost, (long long)item->group_cost,
+              (long long)plan->items[i - 1].cost, (long long)plan->items[i - 1].group_cost,
+              item->seq);
       return 1;
     }
   }
