@@ -108,8 +108,8 @@ static inline size_t pa_bf16_row_keys(size_t n) {
 
 /* A softmax_split_rows (pa_kernels) writes each weight w as two bf16 over
  * its own float: the high part h = bf16(w) in the low half, the rest
- * bf16(w - h) in the high half (h + rest is w to about 2^-17, where one
- * bf16 is 2^-9 off: for f16 activations), then zero pairs up to n rounded
+ * bf16(w - h) in the high half (h + rest is w to 2^-18, where one bf16
+ * is 2^-9 off: for f16 activations), then zero pairs up to n rounded
  * up to PA_SPLIT_ROW_KEYS. P V kernels over values whose every bf16 pair is
  * one value twice take these pairs as they lie (pa_attn_ops.tiled_p_split). */
 enum { PA_SPLIT_ROW_KEYS = 16 };

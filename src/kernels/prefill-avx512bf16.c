@@ -285,8 +285,8 @@ static void pa_softmax_bf16_rows_avx512bf16(const pa_softmax_tile *t, float *s, 
   pa512_softmax(t, s, lds, PA512_WEIGHTS_BF16_ROWS, store_bf16_weights, store_bf16_weight_pair);
 }
 
-/* Word k of a vcvtne2ps2bf16 of (rests, weights) to word 2k, and the rest
- * (word 16 + k) to word 2k + 1. */
+/* vcvtne2ps2bf16(rests, weights) leaves weight k's high part in word k
+ * and its rest in word 16 + k: they go to words 2k and 2k + 1. */
 static const uint16_t pa_pair_words[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
                                            21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                            11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
