@@ -1,5 +1,7 @@
-/* Micro-kernels on AMX tiles (tdpbf16ps) for bf16 activations: Q K^T with
- * A = 16 query rows x 32 elements of Q and B = 16 pairs of K^T x 16 keys;
+/* Micro-kernels on AMX tiles (tdpbf16ps) for bf16 activations (and f16
+ * ones over a tiled FP8 cache, in two bf16 parts: the last section): Q
+ * K^T with A = 16 query rows x 32 elements of Q and B = 16 pairs of K^T x
+ * 16 keys;
  * P V with A = 16 rows x 32 keys of P as bf16 (the rows of the softmax's
  * softmax_bf16_rows, read where it wrote them) and B = 16 key pairs of V x
  * 16 columns. B tiles come from the packed layouts of
