@@ -503,19 +503,27 @@ PA_INLINE void stage_values_fp8(const pa_fp8_bytes *bytes, void *stage,
   static void pa_stage_values_tiled_##suffix##_amx(void *stage, const void *const *anchors, \
                                                    size_t n, size_t d, size_t block_size) { \
     stage_values_fp8(&pa_##suffix##_bytes, stage, anchors, n, d, block_size);               \
+  }                                                                                         \
+  static void pa_stage_values_twice_##suffix##_amx(void *stage, const void *const *anchors, \
+                                                   size_t n, size_t d, size_t block_size) { \
+    stage_values_fp8_twice(&pa_##suffix##_bytes, stage, anchors, n, d, block_size);         \
   }
 
-PA_DEFINE_STAGE_FP8(e4m3)
-PA_DEFINE_STAGE_FP8(e5m2)
+/* Q K^T over a stage of keys in the tiled group order; `rest` as for
+ * qk_amx. */
+PA_INLINE void qk_staged(size_t m, size_t n, size_t d, const void *q, size_t ldq, size_t rest,
+                         const void *stage, float *s, size_t lds, pa_prefetch *prefetch) {
+  const char *groups[PA_MAX_GROUPS] = {0};
+  for (size_t g = 0; g * PA_GROUP_KEYS < n; g++)
+    groups[g] = (const char *)stage + g * PA_GROUP_KEYS * d * 2;
+  qk_amx(m, n, d, q, ldq, rest, groups, 64, s, lds, prefetch);
+}
 
 static void pa_qk_staged_amx(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                              const void *const *k_anchors, void *stage, float *s, size_t lds,
                              pa_prefetch *prefetch) {
   (void)k_anchors;
-  const char *groups[PA_MAX_GROUPS] = {0};
-  for (size_t g = 0; g * PA_GROUP_KEYS < n; g++)
-    groups[g] = (const char *)stage + g * PA_GROUP_KEYS * d * 2;
-  qk_amx(m, n, d, q, ldq, 0, groups, 64, s, lds, prefetch);
+  qk_staged(m, n, d, q, ldq, 0, stage, s, lds, prefetch);
 }
 
 static void pa_pv_staged_amx(size_t m, size_t n, size_t d, const void *p, size_t ldp,
@@ -588,24 +596,15 @@ PA_INLINE void stage_values_fp8_twice(const pa_fp8_bytes *bytes, void *stage,
   }
 }
 
-#define PA_DEFINE_STAGE_TWICE(suffix)                                                       \
-  static void pa_stage_values_twice_##suffix##_amx(void *stage, const void *const *anchors, \
-                                                   size_t n, size_t d, size_t block_size) { \
-    stage_values_fp8_twice(&pa_##suffix##_bytes, stage, anchors, n, d, block_size);         \
-  }
-
-PA_DEFINE_STAGE_TWICE(e4m3)
-PA_DEFINE_STAGE_TWICE(e5m2)
+PA_DEFINE_STAGE_FP8(e4m3)
+PA_DEFINE_STAGE_FP8(e5m2)
 
 /* Q's rows are ldq elements of 4 bytes apart: 2 ldq bf16. */
 static void pa_qk_staged_split_amx(size_t m, size_t n, size_t d, const void *q, size_t ldq,
                                    const void *const *k_anchors, void *stage, float *s, size_t lds,
                                    pa_prefetch *prefetch) {
   (void)k_anchors;
-  const char *groups[PA_MAX_GROUPS] = {0};
-  for (size_t g = 0; g * PA_GROUP_KEYS < n; g++)
-    groups[g] = (const char *)stage + g * PA_GROUP_KEYS * d * 2;
-  qk_amx(m, n, d, q, 2 * ldq, q_padded(d), groups, 64, s, lds, prefetch);
+  qk_staged(m, n, d, q, 2 * ldq, q_padded(d), stage, s, lds, prefetch);
 }
 
 /* P's split pairs, 16 keys (64 bytes) an A tile row, over the staged
