@@ -228,6 +228,12 @@ PA_INLINE void pv_pairs_block(const int rows, const int cols, const int partial,
 PA_INLINE void pv_pairs_rows(const int rows, size_t i, size_t m, size_t n, size_t d, const float *p,
                              size_t ldp, const pa_v_pairs *v, float *o, size_t ldo,
                              const float *rescale, pa_prefetch *prefetch) {
+  /* The block's weights side by side: one base register addresses all its
+   * rows, where rows ldp apart take one each and the 6-row block spills. */
+  float pairs[6][PA_PAIR_KEYS / 2];
+  for (int r = 0; r < rows; r++) memcpy(pairs[r], p + r * ldp, (n + 1) / 2 * sizeof(float));
+  p = pairs[0];
+  ldp = PA_PAIR_KEYS / 2;
   for (size_t c0 = 0; c0 < d; c0 += 64) {
     pa_prefetch_span(prefetch, i * d + (size_t)rows * c0, (size_t)rows * PA_MIN(d - c0, 64), m * d,
                      pa_packed_steps(n));
