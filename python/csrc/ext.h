@@ -182,6 +182,7 @@ PyObject *pyx_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
 PyObject *pyx_varlen_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pyx_merge_states(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pyx_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pyx_tensor_view(PyObject *self, PyObject *args);
 PyObject *pyx_time_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* Fails with TypeError unless nargs == expected. */

@@ -74,6 +74,9 @@ static PyMethodDef methods[] = {
      "time_forward(ctx, layer, plan, query, key, value, cache, batch, out, calls)\n"
      "-> seconds of `calls` library calls in a C loop: forward's (key and value given) or\n"
      "pa_paged_attention's alone. For bench/python_overhead.py."},
+    {"tensor_view", pyx_tensor_view, METH_VARARGS,
+     "tensor_view(obj, reader) -> (address, dtype, shape, strides) as the extension reads obj\n"
+     "(reader: auto, dlpack (None where it declines), attributes). For the tests."},
     {NULL, NULL, 0, NULL},
 };
 

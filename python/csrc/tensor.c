@@ -11,6 +11,8 @@
 static PyTypeObject *torch_tensor_type;
 static PyObject *torch_dtypes[PYX_OTHER];
 static PyObject *torch_strided;
+/* torch.utils.dlpack.to_dlpack, or NULL where this torch has none. */
+static PyObject *torch_to_dlpack;
 static PyObject *str_is_cpu, *str_device, *str_layout, *str_dtype, *str_shape, *str_data_ptr,
     *str_stride;
 
@@ -72,6 +74,20 @@ static int intern_names(void) {
   return 0;
 }
 
+/* torch.utils.dlpack.to_dlpack, or NULL (no error set) where it cannot be found: the
+ * attributes' path then serves every tensor. */
+static PyObject *find_to_dlpack(void) {
+  PyObject *module = PyImport_ImportModule("torch.utils.dlpack");
+  PyObject *function = module ? PyObject_GetAttrString(module, "to_dlpack") : NULL;
+  Py_XDECREF(module);
+  if (!function || !PyCallable_Check(function)) {
+    Py_XDECREF(function);
+    PyErr_Clear();
+    return NULL;
+  }
+  return function;
+}
+
 /* 1 when torch's objects are known, 0 when torch is not imported, -1 on error. */
 static int find_torch(void) {
   if (torch_tensor_type) return 1;
@@ -91,6 +107,7 @@ static int find_torch(void) {
   /* Kept for the life of the process, as torch itself is. */
   memcpy(torch_dtypes, dtypes, sizeof dtypes);
   torch_strided = strided;
+  torch_to_dlpack = find_to_dlpack();
   torch_tensor_type = (PyTypeObject *)tensor;
   Py_DECREF(torch);
   return 1;
@@ -130,7 +147,67 @@ static int read_ints(PyObject *tuple, const char *name, const char *what, int64_
   return 0;
 }
 
-static int torch_get(PyObject *obj, const char *name, pyx_tensor *t) {
+/* The head of DLPack's DLManagedTensor (its DLTensor), whose layout dlpack.h keeps stable:
+ * the fields read here. */
+typedef struct pyx_dltensor {
+  void *data;
+  struct {
+    int32_t type, id;
+  } device;
+  int32_t ndim;
+  struct {
+    uint8_t code, bits;
+    uint16_t lanes;
+  } dtype;
+  int64_t *shape, *strides;
+  uint64_t byte_offset;
+} pyx_dltensor;
+
+enum { PYX_DL_CPU = 1, PYX_DL_INT = 0, PYX_DL_UINT = 1, PYX_DL_FLOAT = 2, PYX_DL_BFLOAT = 4 };
+enum { PYX_DL_FLOAT8_E4M3FN = 10, PYX_DL_FLOAT8_E5M2 = 12 };
+
+static pyx_elem dl_elem(int code, int bits) {
+  switch (code * 256 + bits) {
+    case PYX_DL_FLOAT * 256 + 32: return PYX_F32;
+    case PYX_DL_FLOAT * 256 + 16: return PYX_F16;
+    case PYX_DL_BFLOAT * 256 + 16: return PYX_BF16;
+    case PYX_DL_FLOAT8_E4M3FN * 256 + 8: return PYX_FP8_E4M3;
+    case PYX_DL_FLOAT8_E5M2 * 256 + 8: return PYX_FP8_E5M2;
+    case PYX_DL_UINT * 256 + 8: return PYX_U8;
+    case PYX_DL_INT * 256 + 32: return PYX_I32;
+    case PYX_DL_INT * 256 + 64: return PYX_I64;
+    default: return PYX_OTHER;
+  }
+}
+
+/* A CPU tensor of a known dtype through one DLPack export, which costs a
+ * third of the six attribute reads of torch_get. 1: read; 0: not
+ * exported or not such a tensor (torch_get reads it, and names what is
+ * wrong); never an exception. */
+static int torch_get_dlpack(PyObject *obj, pyx_tensor *t) {
+  if (!torch_to_dlpack) return 0;
+  PyObject *capsule = PyObject_CallOneArg(torch_to_dlpack, obj);
+  const pyx_dltensor *dl = capsule ? PyCapsule_GetPointer(capsule, "dltensor") : NULL;
+  int read = dl && dl->device.type == PYX_DL_CPU && dl->dtype.lanes == 1 &&
+             dl_elem(dl->dtype.code, dl->dtype.bits) != PYX_OTHER && dl->ndim >= 0 &&
+             dl->ndim <= PYX_MAX_DIMS;
+  if (read) {
+    t->elem = dl_elem(dl->dtype.code, dl->dtype.bits);
+    t->data = dl->data ? (char *)dl->data + dl->byte_offset : NULL;
+    t->ndim = dl->ndim;
+    int64_t dense = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+      t->shape[d] = dl->shape[d];
+      t->strides[d] = dl->strides ? dl->strides[d] : dense; /* NULL: C order */
+      dense *= dl->shape[d];
+    }
+  }
+  Py_XDECREF(capsule); /* its destructor frees the export */
+  PyErr_Clear();
+  return read;
+}
+
+static int torch_get_attributes(PyObject *obj, const char *name, pyx_tensor *t) {
   PyObject *value = PyObject_GetAttr(obj, str_is_cpu);
   if (!value) return -1;
   int cpu = PyObject_IsTrue(value);
@@ -180,6 +257,10 @@ static int torch_get(PyObject *obj, const char *name, pyx_tensor *t) {
   if (failed) return -1;
   t->ndim = ndim;
   return 0;
+}
+
+static int torch_get(PyObject *obj, const char *name, pyx_tensor *t) {
+  return torch_get_dlpack(obj, t) ? 0 : torch_get_attributes(obj, name, t);
 }
 
 static pyx_elem buffer_elem(const Py_buffer *view) {
@@ -265,6 +346,51 @@ int pyx_tensor_get(PyObject *obj, const char *name, int writable, pyx_tensor *t)
   }
   if (failed) pyx_tensor_release(t);
   return failed;
+}
+
+static PyObject *ints_tuple(const int64_t *values, int count) {
+  PyObject *tuple = PyTuple_New(count);
+  for (int i = 0; tuple && i < count; i++) {
+    PyObject *value = PyLong_FromLongLong(values[i]);
+    if (!value) {
+      Py_CLEAR(tuple);
+      break;
+    }
+    PyTuple_SET_ITEM(tuple, i, value);
+  }
+  return tuple;
+}
+
+/* tensor_view(obj, reader) -> (address, dtype, shape, strides), or None where the reader
+ * "dlpack" declines the tensor; reader "attributes" reads a torch tensor's attributes,
+ * "auto" reads as every call does. For the tests of both readers. */
+PyObject *pyx_tensor_view(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *obj;
+  const char *reader;
+  if (!PyArg_ParseTuple(args, "Os:tensor_view", &obj, &reader)) return NULL;
+  pyx_tensor t;
+  memset(&t, 0, sizeof t);
+  int torch = is_torch_tensor(obj);
+  if (torch < 0) return NULL;
+  if (strcmp(reader, "auto") == 0) {
+    if (pyx_tensor_get(obj, "tensor", 0, &t) < 0) return NULL;
+  } else if (!torch || (strcmp(reader, "dlpack") != 0 && strcmp(reader, "attributes") != 0)) {
+    return pyx_invalid("reader = '%s' needs a torch tensor and is one of auto, dlpack, attributes",
+                       reader);
+  } else if (reader[0] == 'd') {
+    if (!torch_get_dlpack(obj, &t)) Py_RETURN_NONE;
+  } else if (torch_get_attributes(obj, "tensor", &t) < 0) {
+    return NULL;
+  }
+  PyObject *shape = ints_tuple(t.shape, t.ndim), *strides = ints_tuple(t.strides, t.ndim);
+  PyObject *result = shape && strides ? Py_BuildValue("(NsOO)", PyLong_FromVoidPtr(t.data),
+                                                      pyx_dtype_of(&t), shape, strides)
+                                      : NULL;
+  Py_XDECREF(shape);
+  Py_XDECREF(strides);
+  pyx_tensor_release(&t);
+  return result;
 }
 
 void pyx_tensor_release(pyx_tensor *t) {

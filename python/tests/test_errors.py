@@ -82,6 +82,13 @@ CATALOGUE = [
         r"query is on device meta; pagedattn reads CPU tensors in place and copies nothing",
     ),
     (
+        "query of a sparse layout",
+        lambda w: attend(w, query=w["query"].to_sparse()),
+        pagedattn.Error,
+        "invalid_argument",
+        r"query has layout torch.sparse_coo; pagedattn reads strided tensors",
+    ),
+    (
         "query of ints",
         lambda w: attend(w, query=w["query"].to(torch.int32)),
         pagedattn.Error,
