@@ -1,6 +1,7 @@
-/* Tensors to pointers: a torch.Tensor through its Python attributes (torch is
- * not needed to build, and is looked up only once the caller has imported
- * it), anything else through the buffer protocol (numpy arrays). */
+/* Tensors to pointers: a torch.Tensor through one DLPack export, or its
+ * Python attributes where the export is declined (torch is not needed to
+ * build, and is looked up only once the caller has imported it), anything
+ * else through the buffer protocol (numpy arrays). */
 #include "ext.h"
 
 #include <stdio.h>
