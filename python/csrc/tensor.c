@@ -153,7 +153,9 @@ static int read_ints(PyObject *tuple, const char *name, const char *what, int64_
 typedef struct pyx_dltensor {
   void *data;
   struct {
-    int32_t type, id;
+    int32_t type;
+    /* cppcheck-suppress unusedStructMember ; kept for the layout */
+    int32_t id;
   } device;
   int32_t ndim;
   struct {
