@@ -191,11 +191,11 @@ static int torch_get_dlpack(PyObject *obj, pyx_tensor *t) {
   if (!torch_to_dlpack) return 0;
   PyObject *capsule = PyObject_CallOneArg(torch_to_dlpack, obj);
   const pyx_dltensor *dl = capsule ? PyCapsule_GetPointer(capsule, "dltensor") : NULL;
-  int read = dl && dl->device.type == PYX_DL_CPU && dl->dtype.lanes == 1 &&
-             dl_elem(dl->dtype.code, dl->dtype.bits) != PYX_OTHER && dl->ndim >= 0 &&
+  pyx_elem elem = dl && dl->dtype.lanes == 1 ? dl_elem(dl->dtype.code, dl->dtype.bits) : PYX_OTHER;
+  int read = elem != PYX_OTHER && dl->device.type == PYX_DL_CPU && dl->ndim >= 0 &&
              dl->ndim <= PYX_MAX_DIMS;
   if (read) {
-    t->elem = dl_elem(dl->dtype.code, dl->dtype.bits);
+    t->elem = elem;
     t->data = dl->data ? (char *)dl->data + dl->byte_offset : NULL;
     t->ndim = dl->ndim;
     int64_t dense = 1;
@@ -376,14 +376,15 @@ PyObject *pyx_tensor_view(PyObject *self, PyObject *args) {
   memset(&t, 0, sizeof t);
   int torch = is_torch_tensor(obj);
   if (torch < 0) return NULL;
-  if (strcmp(reader, "auto") == 0) {
-    if (pyx_tensor_get(obj, "tensor", 0, &t) < 0) return NULL;
-  } else if (!torch || (strcmp(reader, "dlpack") != 0 && strcmp(reader, "attributes") != 0)) {
+  int is_auto = strcmp(reader, "auto") == 0, is_dlpack = strcmp(reader, "dlpack") == 0;
+  if (!is_auto && (!torch || (!is_dlpack && strcmp(reader, "attributes") != 0))) {
     return pyx_invalid("reader = '%s' needs a torch tensor and is one of auto, dlpack, attributes",
                        reader);
-  } else if (reader[0] == 'd') {
+  }
+  if (is_dlpack) {
     if (!torch_get_dlpack(obj, &t)) Py_RETURN_NONE;
-  } else if (torch_get_attributes(obj, "tensor", &t) < 0) {
+  } else if ((is_auto ? pyx_tensor_get(obj, "tensor", 0, &t)
+                      : torch_get_attributes(obj, "tensor", &t)) < 0) {
     return NULL;
   }
   PyObject *shape = ints_tuple(t.shape, t.ndim), *strides = ints_tuple(t.strides, t.ndim);
