@@ -27,9 +27,8 @@ const char *pa_backend_name(void) { return "PAGEDATTN"; }
 
 pa_status pa_validate_head_size(int head_size) {
   if (head_size < PA_MIN_HEAD_SIZE || head_size > PA_MAX_HEAD_SIZE) {
-    return pa_fail(PA_ERR_INVALID_ARGUMENT,
-                   "head_size = %d is outside the supported range [%d, %d]", head_size,
-                   PA_MIN_HEAD_SIZE, PA_MAX_HEAD_SIZE);
+    return pa_fail(PA_ERR_INVALID_ARGUMENT, "head_size = %d is outside the supported range %d..%d",
+                   head_size, PA_MIN_HEAD_SIZE, PA_MAX_HEAD_SIZE);
   }
   return PA_OK;
 }

@@ -15,7 +15,7 @@ static PyObject *validate_head_size(PyObject *self, PyObject *arg) {
   long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
   if (value == -1 && PyErr_Occurred()) return NULL;
   if (overflow || value < INT_MIN || value > INT_MAX) {
-    return pyx_invalid("head_size = %S is not supported: head sizes %d..%d are", arg,
+    return pyx_invalid("head_size = %S is outside the supported range %d..%d", arg,
                        PA_MIN_HEAD_SIZE, PA_MAX_HEAD_SIZE);
   }
   pa_status status = pa_validate_head_size((int)value);

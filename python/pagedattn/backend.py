@@ -24,6 +24,8 @@ class AttentionType:
 
 # pa_dtype values of the activation dtypes, by torch dtype name.
 _ACTIVATION_CODES = {"float16": 1, "bfloat16": 2, "float32": 0}
+# The engines' names for a cache of one of them (vLLM's cache_dtype).
+_UNQUANTIZED_CACHE_DTYPES = tuple(_ACTIVATION_CODES)
 
 
 class PagedAttentionBackend:
@@ -63,8 +65,11 @@ class PagedAttentionBackend:
         """``(2, num_blocks, block_size * num_kv_heads * head_size)``: index 0 keys, 1 values;
         each block ``num_kv_heads`` tiles of ``block_size * head_size`` elements, in the
         impl's layout (``PagedAttentionImpl.cache_layout``: ``"rows"``, the tile
-        ``[block_size, head_size]``, or ``"tiled"``); the shape is the same for both."""
-        functions.kv_cache_dtype_code(cache_dtype_str)
+        ``[block_size, head_size]``, or ``"tiled"``); the shape is the same for both.
+        cache_dtype_str: a ``kv_cache_dtype``, or the name of an unquantized cache dtype as the
+        engines pass it ("float16", "bfloat16", "float32"); the shape is the same for all."""
+        if cache_dtype_str not in _UNQUANTIZED_CACHE_DTYPES:
+            functions.kv_cache_dtype_code(cache_dtype_str)
         for name, value, least in (
             ("num_blocks", num_blocks, 0),
             ("block_size", block_size, 1),

@@ -421,8 +421,8 @@ def merge_states(
     lse_b: Tensor,
     *,
     out: Tensor | None = None,
-    lse: Tensor | None = None,
     ctx: Context | None = None,
+    lse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Combines two partial attention results over disjoint key sets of the same rows.
 
@@ -464,6 +464,11 @@ def block_pairs(block_mapping: Any) -> Tensor:
     """int64 ``[n, 2]`` (source, destination) pairs from a tensor, a sequence of pairs, or a
     dict ``{src: dst}`` / ``{src: [dst, ...]}``; pairs take effect in this order."""
     pairs: list[tuple[int, int]] = []
+    if isinstance(block_mapping, (str, bytes)):
+        raise TypeError(
+            "block_mapping must be an int64 [n, 2] tensor, a sequence of (source, destination) "
+            f"pairs or a dict, not {type(block_mapping).__name__}"
+        )
     if isinstance(block_mapping, Mapping):
         for src, dst in block_mapping.items():
             targets = dst if isinstance(dst, Iterable) else (dst,)
@@ -477,7 +482,9 @@ def block_pairs(block_mapping: Any) -> Tensor:
 
 def _block_pair(pair: Any, name: str) -> tuple[int, int]:
     """(source, destination) block ids, exactly two integers."""
-    if not hasattr(pair, "__len__") or isinstance(pair, (str, bytes)) or len(pair) != 2:
+    if not hasattr(pair, "__len__") or isinstance(pair, (str, bytes)):
+        raise TypeError(f"{name} = {pair!r} must be a (source, destination) pair of block ids")
+    if len(pair) != 2:
         raise invalid(f"{name} = {pair!r} is not a (source, destination) pair of block ids")
     try:
         src, dst = operator.index(pair[0]), operator.index(pair[1])
@@ -504,6 +511,10 @@ def copy_blocks(
     Whole tiles are copied as stored, so a block keeps its meaning in either layout; layout
     (``"rows"`` or ``"tiled"``) is the caches', checked by the library against their geometry.
     """
+    if not isinstance(kv_caches, Sequence) or isinstance(kv_caches, (str, bytes)):
+        raise TypeError(
+            f"kv_caches must be a list of per-layer caches, not {type(kv_caches).__name__}"
+        )
     caches = [block_cache(c, f"kv_caches[{i}]", layout) for i, c in enumerate(kv_caches)]
     _ext.copy_blocks(ctx or default_context(), caches, block_pairs(block_mapping))
 

@@ -19,7 +19,7 @@ from .functions import (
     kv_cache_dtype_code,
     kv_layout_preferred,
 )
-from .metadata import PagedAttentionMetadata, step_key
+from .metadata import PagedAttentionMetadata, _is_tensor, step_key
 
 Tensor = Any
 
@@ -172,38 +172,51 @@ class PagedAttentionImpl:
         """
         if attn_metadata is None:
             return query  # the engine's warm-up
-        if output is None:
-            output = _empty_like_rows(query, self.num_heads * self.head_size)
-        if self._paged:
-            # The hot path: the cache view and the step's batch and plan are found, not made.
-            entry = self._cache_entry
-            if (
-                entry is not None
-                and entry[0] is kv_cache
-                and entry[1] == _address(kv_cache)
-                and (not self._fp8 or entry[2] == self._scale_keys(layer))
-            ):
-                cache = entry[3]
-            else:
-                cache = self._library_cache(kv_cache, layer, query)
-            if cache is None:
-                self._without_cache(query, key, value, attn_metadata, output)
-            else:
-                step = attn_metadata._objects.get(self._step_key)
-                if step is None:
-                    step = attn_metadata.library_step(
-                        self._step_key, self._ctx, self._layer, self._cross
+        try:
+            if output is None:
+                output = _empty_like_rows(query, self.num_heads * self.head_size)
+            if self._paged:
+                # The hot path: the cache view and the step's batch and plan are found, not made.
+                entry = self._cache_entry
+                if (
+                    entry is not None
+                    and entry[0] is kv_cache
+                    and entry[1] == _address(kv_cache)
+                    and (not self._fp8 or entry[2] == self._scale_keys(layer))
+                ):
+                    cache = entry[3]
+                else:
+                    cache = self._library_cache(kv_cache, layer, query)
+                if cache is None:
+                    self._without_cache(query, key, value, attn_metadata, output)
+                else:
+                    step = attn_metadata._objects.get(self._step_key)
+                    if step is None:
+                        step = attn_metadata.library_step(
+                            self._step_key, self._ctx, self._layer, self._cross
+                        )
+                    if not self._writes:
+                        key = value = None
+                    _ext.forward(
+                        self._ctx, self._layer, step[1], query, key, value, cache, step[0], output
                     )
-                if not self._writes:
-                    key = value = None
-                _ext.forward(
-                    self._ctx, self._layer, step[1], query, key, value, cache, step[0], output
+            else:
+                # Encoders attend over the batch's own rows.
+                qsl = attn_metadata.query_start_loc
+                _ext.varlen_attention(
+                    self._ctx, self._layer, query, key, value, qsl, qsl, output, None
                 )
-        else:
-            # Encoders attend over the batch's own rows.
-            qsl = attn_metadata.query_start_loc
-            _ext.varlen_attention(self._ctx, self._layer, query, key, value, qsl, qsl, output, None)
-        return _as_rows(output)
+            return _as_rows(output)
+        except AttributeError:
+            # An argument of the wrong kind is named as such, found only once something failed
+            # (no checks on the hot path).
+            _check_kinds(query=query, key=key, value=value, kv_cache=kv_cache, output=output)
+            if not isinstance(attn_metadata, PagedAttentionMetadata):
+                raise TypeError(
+                    "attn_metadata must be a PagedAttentionMetadata or None, not "
+                    f"{type(attn_metadata).__name__}"
+                ) from None
+            raise
 
     def _without_cache(
         self,
@@ -234,6 +247,17 @@ class PagedAttentionImpl:
         _ext.varlen_attention(
             self._ctx, self._layer, query, key, value, md.query_start_loc, cu_k, output, None
         )
+
+
+def _check_kinds(**arguments: Any) -> None:
+    """Raises TypeError naming the first argument that is neither a tensor nor None (key,
+    value and output may be None; query and kv_cache may not)."""
+    for name, value in arguments.items():
+        optional = name in ("key", "value", "output")
+        if (value is None and optional) or _is_tensor(value):
+            continue
+        kinds = "a torch.Tensor or a numpy array" + (" or None" if optional else "")
+        raise TypeError(f"{name} must be {kinds}, not {type(value).__name__}") from None
 
 
 def _elements(t: Any) -> int:

@@ -5,8 +5,9 @@ layer of the step; the library's batch and plan are made from it once and reused
 from __future__ import annotations
 
 import itertools
+import sys
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,31 @@ def _values(tensor: Tensor | None) -> list[int]:
     return [] if tensor is None else [int(v) for v in tensor.tolist()]
 
 
-@dataclass(frozen=True)
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor or a numpy array (torch, optional, is only asked once imported)."""
+    if isinstance(value, np.ndarray):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+_REQUIRED_FIELDS = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+_OPTIONAL_FIELDS = ("encoder_seq_lens", "cross_block_tables", "cross_slot_mapping")
+
+
+def _check_field(name: str, value: Any) -> None:
+    """A field holds a tensor (or None, where optional); other attributes are not checked."""
+    if name in _REQUIRED_FIELDS and not _is_tensor(value):
+        raise TypeError(
+            f"{name} must be a torch.Tensor or a numpy array, not {type(value).__name__}"
+        )
+    if name in _OPTIONAL_FIELDS and value is not None and not _is_tensor(value):
+        raise TypeError(
+            f"{name} must be a torch.Tensor, a numpy array or None, not {type(value).__name__}"
+        )
+
+
+@dataclass(eq=False)
 class PagedAttentionMetadata:
     """The step's batch. Decoder self-attention reads ``seq_lens`` keys of sequence s from its
     ``block_tables`` row; cross-attention reads ``encoder_seq_lens`` keys from
@@ -29,9 +54,11 @@ class PagedAttentionMetadata:
 
     Derived, read-only: ``num_seqs``, ``num_prefills`` (sequences with more than one new token),
     ``num_prefill_tokens``, ``num_decode_tokens`` (sequences with one), ``max_query_len``,
-    ``max_seq_len``. Build a new object for a new step: the library's view of these tensors is
-    made once. Slots and block tables name tokens and blocks, whatever the cache's layout
-    (``"rows"`` or ``"tiled"``): one metadata object and its plan serve layers of either.
+    ``max_seq_len``. The library's batch and plans over these tensors are made once, at the
+    step's first layer: build a new object for a new step (a field assigned anew is seen, a
+    tensor changed in place is not). Slots and block tables name tokens and blocks, whatever
+    the cache's layout (``"rows"`` or ``"tiled"``): one metadata object and its plan serve
+    layers of either.
     """
 
     query_start_loc: Tensor  # int32 [num_seqs + 1]
@@ -41,10 +68,25 @@ class PagedAttentionMetadata:
     encoder_seq_lens: Tensor | None = None  # int32 [num_seqs]: ENCODER_DECODER keys
     cross_block_tables: Tensor | None = None  # int32 [num_seqs, max_blocks]
     cross_slot_mapping: Tensor | None = None  # int64 [num_encoder_tokens]
-    _derived: dict[str, int] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
-    _objects: dict[Any, Any] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_field(f.name, getattr(self, f.name))
+        self._derive()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A field assigned after construction: the derived values and the library's objects
+        # follow it.
+        anew = "_objects" in self.__dict__ and name in _REQUIRED_FIELDS + _OPTIONAL_FIELDS
+        if anew:
+            _check_field(name, value)
+        object.__setattr__(self, name, value)
+        if anew:
+            self._derive()
+
+    def _derive(self) -> None:
+        """Computes the derived values and forgets the library's batch and plans (kept in
+        ``_objects``, made again when next asked for)."""
         starts, lens = _values(self.query_start_loc), _values(self.seq_lens)
         query_lens = [b - a for a, b in itertools.pairwise(starts)]
         prefills = [q for q in query_lens if q > 1]

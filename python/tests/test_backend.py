@@ -41,6 +41,8 @@ def test_backend_description():
     assert B.get_supported_dtypes() == [torch.float16, torch.bfloat16, torch.float32]
     assert B.get_kv_cache_shape(10, 16, 4, 64) == (2, 10, 16 * 4 * 64)
     assert B.get_kv_cache_shape(10, 16, 4, 64, "fp8") == (2, 10, 16 * 4 * 64)
+    for engine_name in ("bfloat16", "float16", "float32"):  # vLLM's cache_dtype strings
+        assert B.get_kv_cache_shape(10, 16, 4, 64, engine_name) == (2, 10, 16 * 4 * 64)
     assert B.get_impl_cls() is PagedAttentionImpl
     assert B.get_metadata_cls() is PagedAttentionMetadata
     assert B.get_builder_cls() is PagedAttentionMetadataBuilder
@@ -49,7 +51,7 @@ def test_backend_description():
         B.validate_head_size(ok)
     for bad in (0, -3, 1025):
         with pytest.raises(
-            ValueError, match=rf"head_size = {bad} is outside the supported range \[1, 1024\]"
+            ValueError, match=rf"head_size = {bad} is outside the supported range 1\.\.1024"
         ):
             B.validate_head_size(bad)
     assert AttentionType.DECODER == "decoder" and AttentionType.ENCODER == "encoder"
@@ -75,6 +77,11 @@ def test_metadata_builder():
     assert (md.max_query_len, md.max_seq_len) == (5, 9)
     with pytest.raises(AttributeError):
         md.num_seqs = 4  # derived, read-only
+    # A field assigned anew is seen by the derived values and the library's batch.
+    batch = md.library_batch()
+    md.seq_lens = torch.tensor([9, 6, 7], dtype=torch.int32)
+    assert md.max_seq_len == 9 and md.library_batch() is not batch
+    md.seq_lens = torch.tensor([9, 5, 7], dtype=torch.int32)
     with pytest.raises(pagedattn.Error, match=r"block_tables\[1\] has 1 entries; position 4"):
         b.build([1, 5], [1, 5], [[0], [2]])
     with pytest.raises(

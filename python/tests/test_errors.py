@@ -12,7 +12,12 @@ import pytest
 import torch
 
 import pagedattn
-from pagedattn import PagedAttentionBackend, PagedAttentionImpl, PagedAttentionMetadataBuilder
+from pagedattn import (
+    PagedAttentionBackend,
+    PagedAttentionImpl,
+    PagedAttentionMetadata,
+    PagedAttentionMetadataBuilder,
+)
 
 H, KVH, D, BS, NB = 4, 2, 16, 4, 6
 
@@ -478,7 +483,8 @@ def test_metadata_values_that_do_not_fit(args, pattern):
     "mapping, exception, pattern",
     [
         ([[0, 1, 2, 3]], pagedattn.Error, r"block_mapping\[0\] = \[0, 1, 2, 3\] is not a"),
-        ([0, 3], pagedattn.Error, r"block_mapping\[0\] = 0 is not a \(source, destination\)"),
+        ([0, 3], TypeError, r"block_mapping\[0\] = 0 must be a \(source, destination\) pair"),
+        ("01", TypeError, r"block_mapping must be an int64 \[n, 2\] tensor, .* not str"),
         ([[0, 1], [2]], pagedattn.Error, r"block_mapping\[1\] = \[2\] is not a"),
         ([(0.9, 2.7)], TypeError, r"block_mapping\[0\] = \(0.9, 2.7\) must hold integer"),
         ({0: [1.5]}, TypeError, r"block_mapping\[0\] = \(0, 1.5\) must hold integer"),
@@ -509,6 +515,51 @@ def test_kv_cache_shape_refuses_bad_sizes(args, exception, pattern):
         PagedAttentionBackend.get_kv_cache_shape(*args)
 
 
+def test_copy_blocks_wants_a_list_of_caches():
+    kv_cache = torch.randn(PagedAttentionBackend.get_kv_cache_shape(NB, BS, KVH, D))
+    before = kv_cache.clone()
+    with pytest.raises(
+        TypeError, match=r"kv_caches must be a list of per-layer caches, not Tensor"
+    ):
+        pagedattn.copy_blocks(kv_cache, [[0, 1]])
+    assert torch.equal(kv_cache, before)
+
+
+def test_forward_names_an_argument_of_the_wrong_kind():
+    impl = PagedAttentionImpl(4, 64, 0.1, num_kv_heads=2)
+    md = PagedAttentionMetadataBuilder(BS).build([2], [2], [[0]])
+    kv_cache = torch.zeros(PagedAttentionBackend.get_kv_cache_shape(NB, BS, 2, 64))
+    q, kv = torch.randn(2, 4 * 64), torch.randn(2, 2 * 64)
+    cases = [
+        (
+            (q.tolist(), kv, kv, kv_cache, md),
+            r"query must be a torch.Tensor or a numpy array, not list",
+        ),
+        ((q, kv, kv, "cache", md), r"kv_cache must be a torch.Tensor or a numpy array, not str"),
+        (
+            (q, kv, kv, kv_cache, {"seq_lens": [2]}),
+            r"attn_metadata must be a PagedAttentionMetadata",
+        ),
+        (
+            (q, kv.tolist(), kv, kv_cache, md),
+            r"key must be a torch.Tensor or a numpy array",
+        ),
+    ]
+    for args, pattern in cases:
+        with pytest.raises(TypeError, match=pattern):
+            impl.forward(None, *args)
+    assert not kv_cache.any()  # nothing written
+
+
+def test_metadata_fields_hold_tensors():
+    with pytest.raises(TypeError, match=r"query_start_loc must be a torch.Tensor or a numpy array"):
+        PagedAttentionMetadata([0, 2], torch.tensor([2]), torch.zeros(1, 1), torch.zeros(2))
+    md = PagedAttentionMetadataBuilder(BS).build([2], [2], [[0]])
+    with pytest.raises(TypeError, match=r"encoder_seq_lens must be a torch.Tensor, a numpy"):
+        md.encoder_seq_lens = [3]
+    assert md.encoder_seq_lens is None  # the refused value was not kept
+
+
 def test_wrongly_typed_names_are_type_errors():
     with pytest.raises(TypeError, match=r"kv_cache_dtype must be a str, not int"):
         PagedAttentionImpl(4, 64, 0.1, kv_cache_dtype=5)
@@ -529,9 +580,7 @@ def test_impl_refuses_at_construction():
         PagedAttentionImpl(4, 64, 0.1, kv_cache_dtype="fp4")
     with pytest.raises(pagedattn.Error, match=r"sinks has 3 entries; the layer has num_heads = 4"):
         PagedAttentionImpl(4, 64, 0.1, sinks=[0.0, 1.0, 2.0])
-    with pytest.raises(
-        ValueError, match=r"head_size = 0 is outside the supported range \[1, 1024\]"
-    ):
+    with pytest.raises(ValueError, match=r"head_size = 0 is outside the supported range 1\.\.1024"):
         PagedAttentionBackend.validate_head_size(0)
 
 
