@@ -138,6 +138,13 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         vllm_config: VllmConfig,
         device: torch.device,
     ) -> None:
+        if vllm_config.kv_transfer_config is not None:
+            # Connectors (NIXL, ...) move pages in CPU_ATTN's own order, which these pages do
+            # not have: refused at startup rather than read as garbage.
+            raise NotImplementedError(
+                "pagedattn: KV transfer (kv_transfer_config) is not supported; "
+                "PAGEDATTN_VLLM=0 leaves vLLM's own CPU_ATTN backend"
+            )
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.encoder_only = isinstance(kv_cache_spec, EncoderOnlyAttentionSpec)
         layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names)

@@ -143,7 +143,8 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         self._sinks = sinks
         self._sinks_loaded = sinks is None
         # Decoder layers of a non-causal batch (vLLM's bidirectional decoders) see every key
-        # of their sequence: the library's cross-attention masking, made when first needed.
+        # of their sequence, or those of a window on both sides as vLLM's CPU_ATTN masks them:
+        # the library's encoder-only masking over the cache, made when first needed.
         self._bidirectional: Any = None
         try:
             self.layer = self._make_layer(attn_type)
@@ -157,7 +158,13 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
     def _make_layer(self, attn_type: str) -> Any:
         sinks = None
         if self._sinks is not None:
-            sinks = self._sinks.float().tolist() if self._sinks_loaded else [0.0] * self.num_heads
+            # Zeros of the sinks' own length until loaded, so that a wrong length is refused
+            # at construction.
+            sinks = (
+                self._sinks.float().tolist()
+                if self._sinks_loaded
+                else [0.0] * int(self._sinks.numel())
+            )
         return _ext.Layer(
             self.num_heads,
             self.num_kv_heads,
@@ -208,8 +215,31 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         if causal or self.attn_type != AttentionType.DECODER:
             return self.layer
         if self._bidirectional is None:
-            self._bidirectional = self._make_layer(AttentionType.ENCODER_DECODER)
+            self._bidirectional = self._make_layer(AttentionType.ENCODER_ONLY)
         return self._bidirectional
+
+    def do_kv_cache_update(
+        self,
+        layer: Any,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Writes key/value [T, num_kv_heads, head_size] into the pages through slot_mapping
+        (int64 [T], negative: padding), in ``cache_layout``, for callers that fill a layer's
+        cache apart from its forward (vLLM's DFlash drafter). Encoder layers have no cache."""
+        if not self._paged:
+            return
+        entry = self._cache_entry
+        known = (
+            entry is not None
+            and entry[0] is kv_cache
+            and entry[1] == kv_cache.data_ptr()
+            and (self._cache_code == -1 or entry[2] == (layer._k_scale_float, layer._v_scale_float))
+        )
+        cache = entry[3] if known else self._library_cache(kv_cache, layer, key)
+        _ext.write_kv(self.ctx, cache, key, value, slot_mapping)
 
     def forward(
         self,

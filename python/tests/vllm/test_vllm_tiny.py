@@ -52,14 +52,19 @@ def test_plugin_serves_cpu_attn_and_says_so():
     assert "pagedattn:" not in stock["log"]
 
 
-def test_llama_f32_matches_stock():
-    ours, stock = run_engine(spec("llama")), run_engine(spec("llama"), pagedattn=False)
-    assert_greedy_agrees(ours, stock, None, "tiny llama f32")
+def assert_logprobs_agree(ours: dict, stock: dict, label: str) -> None:
+    """The top logprobs both engines report for a token agree to 1e-3 (f32)."""
     for p, (a, b) in enumerate(zip(ours["logprobs"], stock["logprobs"], strict=True)):
         for t, (x, y) in enumerate(zip(a, b, strict=True)):
             for token, lp in y.items():
                 if token in x:
-                    assert abs(x[token] - lp) <= 1e-3, (p, t, token, x[token], lp)
+                    assert abs(x[token] - lp) <= 1e-3, (label, p, t, token, x[token], lp)
+
+
+def test_llama_f32_matches_stock():
+    ours, stock = run_engine(spec("llama")), run_engine(spec("llama"), pagedattn=False)
+    assert_greedy_agrees(ours, stock, None, "tiny llama f32")
+    assert_logprobs_agree(ours, stock, "tiny llama f32")
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
@@ -89,10 +94,14 @@ def test_fp8_cache_matches_stock_fp8():
 
 @pytest.mark.parametrize("model", ["gemma2", "bloom", "gpt_oss"])
 def test_logit_features_match_stock(model):
-    """Gemma 2: soft-capped logits and a sliding window; Bloom: ALiBi; GPT-OSS: sinks."""
+    """Gemma 2: soft-capped logits and a sliding window; Bloom: ALiBi; GPT-OSS: sinks. The
+    tiny models' greedy tokens hardly depend on these features (Bloom repeats a token), so
+    the logprobs are compared too; even they do not see Gemma 2's cap of 50 over scores near
+    0.1, which test_vllm_features.py checks where it moves every output."""
     ours, stock = run_engine(spec(model)), run_engine(spec(model), pagedattn=False)
     assert ours["impls"] == [PAGEDATTN_IMPL]
     assert_greedy_agrees(ours, stock, None, f"tiny {model}")
+    assert_logprobs_agree(ours, stock, f"tiny {model}")
 
 
 def test_tensor_parallel_2_matches_1():
