@@ -139,9 +139,11 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         # Sinks are the layer's weights: at construction their tensor holds whatever its
         # allocation held (NaN included), so the layer checked here takes zeros in their place,
         # and the one that serves takes their values once loaded (process_weights_after_loading,
-        # or the first step for a caller that loads them otherwise).
+        # or the first step for a caller that loads them otherwise), and again whenever the
+        # tensor changes in place (a weight reload that skips process_weights_after_loading).
         self._sinks = sinks
         self._sinks_loaded = sinks is None
+        self._sinks_version = -1  # the tensor's _version the library's copy was made from
         # Decoder layers of a non-causal batch (vLLM's bidirectional decoders) see every key
         # of their sequence, or those of a window on both sides as vLLM's CPU_ATTN masks them:
         # the library's encoder-only masking over the cache, made when first needed.
@@ -182,6 +184,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         them is made from the loaded values (non-finite ones raise pagedattn.Error)."""
         if self._sinks is not None:
             self._sinks_loaded = True
+            self._sinks_version = self._sinks._version
             self.layer = self._make_layer(self.attn_type)
             self._bidirectional = None
 
@@ -262,7 +265,8 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
             raise NotImplementedError("pagedattn: fused output quantization is not supported")
         if attn_metadata is None:
             return output  # the engine's warm-up
-        if not self._sinks_loaded:
+        sinks = self._sinks
+        if sinks is not None and sinks._version != self._sinks_version:
             self.process_weights_after_loading(query.dtype)
         md = attn_metadata
         if not self._paged:  # encoders: bidirectional over the batch's own rows

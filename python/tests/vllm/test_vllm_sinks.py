@@ -63,3 +63,17 @@ def test_sinks_not_finite_once_loaded():
     sinks[3] = float("inf")
     with pytest.raises(pagedattn.Error, match=r"sinks\[3\] = inf is not finite"):
         impl.process_weights_after_loading(torch.float32)
+
+
+def test_sinks_changed_in_place_are_seen(monkeypatch, seed):
+    """A weight reload may copy new sinks into the tensor without announcing them: the next
+    step serves the new values."""
+    monkeypatch.setenv("PAGEDATTN_KV_LAYOUT", "rows")
+    rng = random.Random(seed)
+    sinks = torch.zeros(HEADS)
+    impl = PagedAttnImpl(HEADS, D, D**-0.5, KV_HEADS, sinks=sinks)
+    impl.process_weights_after_loading(torch.float32)
+    one_step(impl, rng, [0.0] * HEADS)
+    reloaded = [rng.uniform(-2.0, 3.0) for _ in range(HEADS)]
+    sinks.copy_(torch.tensor(reloaded))
+    one_step(impl, rng, reloaded)

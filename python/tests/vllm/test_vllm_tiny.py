@@ -67,6 +67,17 @@ def test_llama_f32_matches_stock():
     assert_logprobs_agree(ours, stock, "tiny llama f32")
 
 
+def test_llama_compiled_matches_stock():
+    """vLLM's default on CPU: the model compiled (torch.compile, inductor) around the attention
+    op, which then calls the plugin from the compiled graph."""
+    ours = run_engine(spec("llama", enforce_eager=False))
+    assert ours["impls"] == [PAGEDATTN_IMPL]
+    assert "AOT compiled function" in ours["log"]  # saved, or loaded from an earlier run
+    stock = run_engine(spec("llama"), pagedattn=False)
+    assert_greedy_agrees(ours, stock, None, "tiny llama f32, compiled")
+    assert_logprobs_agree(ours, stock, "tiny llama f32, compiled")
+
+
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_llama_block_sizes(block_size):
     """Block sizes vLLM's own backend does not take (16) and small ones give its tokens."""
