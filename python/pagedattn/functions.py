@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import operator
 import os
+import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -189,6 +190,14 @@ def _forget_default_context() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_default_context)
+
+
+def is_tensor(value: Any) -> bool:
+    """A torch tensor or a numpy array (torch, optional, is only asked once imported)."""
+    if isinstance(value, np.ndarray):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def _shape(tensor: Tensor, name: str, ndim: int, layout: str) -> tuple[int, ...]:

@@ -16,10 +16,11 @@ from .functions import (
     cache_dtype_name,
     default_context,
     invalid,
+    is_tensor,
     kv_cache_dtype_code,
     kv_layout_preferred,
 )
-from .metadata import PagedAttentionMetadata, _is_tensor, step_key
+from .metadata import PagedAttentionMetadata, step_key
 
 Tensor = Any
 
@@ -254,7 +255,7 @@ def _check_kinds(**arguments: Any) -> None:
     value and output may be None; query and kv_cache may not)."""
     for name, value in arguments.items():
         optional = name in ("key", "value", "output")
-        if (value is None and optional) or _is_tensor(value):
+        if (value is None and optional) or is_tensor(value):
             continue
         kinds = "a torch.Tensor or a numpy array" + (" or None" if optional else "")
         raise TypeError(f"{name} must be {kinds}, not {type(value).__name__}") from None

@@ -5,7 +5,6 @@ layer of the step; the library's batch and plan are made from it once and reused
 from __future__ import annotations
 
 import itertools
-import sys
 import weakref
 from dataclasses import dataclass, fields
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import _ext
-from .functions import Context, Error, invalid
+from .functions import Context, Error, invalid, is_tensor
 
 Tensor = Any  # a torch.Tensor or a numpy.ndarray
 
@@ -22,25 +21,17 @@ def _values(tensor: Tensor | None) -> list[int]:
     return [] if tensor is None else [int(v) for v in tensor.tolist()]
 
 
-def _is_tensor(value: Any) -> bool:
-    """A torch tensor or a numpy array (torch, optional, is only asked once imported)."""
-    if isinstance(value, np.ndarray):
-        return True
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 _REQUIRED_FIELDS = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
 _OPTIONAL_FIELDS = ("encoder_seq_lens", "cross_block_tables", "cross_slot_mapping")
 
 
 def _check_field(name: str, value: Any) -> None:
     """A field holds a tensor (or None, where optional); other attributes are not checked."""
-    if name in _REQUIRED_FIELDS and not _is_tensor(value):
+    if name in _REQUIRED_FIELDS and not is_tensor(value):
         raise TypeError(
             f"{name} must be a torch.Tensor or a numpy array, not {type(value).__name__}"
         )
-    if name in _OPTIONAL_FIELDS and value is not None and not _is_tensor(value):
+    if name in _OPTIONAL_FIELDS and value is not None and not is_tensor(value):
         raise TypeError(
             f"{name} must be a torch.Tensor, a numpy array or None, not {type(value).__name__}"
         )
