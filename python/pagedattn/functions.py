@@ -192,12 +192,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_default_context)
 
 
-def is_tensor(value: Any) -> bool:
-    """A torch tensor or a numpy array (torch, optional, is only asked once imported)."""
-    if isinstance(value, np.ndarray):
-        return True
+def check_tensor(value: Any, name: str, optional: bool = False) -> None:
+    """TypeError naming `name` unless `value` is a torch tensor or a numpy array (or None,
+    where optional). torch, optional, is only asked once imported."""
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
+    if (
+        isinstance(value, np.ndarray)
+        or (torch is not None and isinstance(value, torch.Tensor))
+        or (optional and value is None)
+    ):
+        return
+    kinds = (
+        "a torch.Tensor, a numpy array or None" if optional else "a torch.Tensor or a numpy array"
+    )
+    raise TypeError(f"{name} must be {kinds}, not {type(value).__name__}") from None
 
 
 def _shape(tensor: Tensor, name: str, ndim: int, layout: str) -> tuple[int, ...]:

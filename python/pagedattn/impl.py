@@ -14,9 +14,9 @@ from .functions import (
     Context,
     attn_type_code,
     cache_dtype_name,
+    check_tensor,
     default_context,
     invalid,
-    is_tensor,
     kv_cache_dtype_code,
     kv_layout_preferred,
 )
@@ -211,7 +211,14 @@ class PagedAttentionImpl:
         except AttributeError:
             # An argument of the wrong kind is named as such, found only once something failed
             # (no checks on the hot path).
-            _check_kinds(query=query, key=key, value=value, kv_cache=kv_cache, output=output)
+            for name, arg, optional in (
+                ("query", query, False),
+                ("key", key, True),
+                ("value", value, True),
+                ("kv_cache", kv_cache, False),
+                ("output", output, True),
+            ):
+                check_tensor(arg, name, optional)
             if not isinstance(attn_metadata, PagedAttentionMetadata):
                 raise TypeError(
                     "attn_metadata must be a PagedAttentionMetadata or None, not "
@@ -248,17 +255,6 @@ class PagedAttentionImpl:
         _ext.varlen_attention(
             self._ctx, self._layer, query, key, value, md.query_start_loc, cu_k, output, None
         )
-
-
-def _check_kinds(**arguments: Any) -> None:
-    """Raises TypeError naming the first argument that is neither a tensor nor None (key,
-    value and output may be None; query and kv_cache may not)."""
-    for name, value in arguments.items():
-        optional = name in ("key", "value", "output")
-        if (value is None and optional) or is_tensor(value):
-            continue
-        kinds = "a torch.Tensor or a numpy array" + (" or None" if optional else "")
-        raise TypeError(f"{name} must be {kinds}, not {type(value).__name__}") from None
 
 
 def _elements(t: Any) -> int:

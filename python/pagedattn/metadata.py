@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import _ext
-from .functions import Context, Error, invalid, is_tensor
+from .functions import Context, Error, check_tensor, invalid
 
 Tensor = Any  # a torch.Tensor or a numpy.ndarray
 
@@ -21,20 +21,9 @@ def _values(tensor: Tensor | None) -> list[int]:
     return [] if tensor is None else [int(v) for v in tensor.tolist()]
 
 
-_REQUIRED_FIELDS = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
-_OPTIONAL_FIELDS = ("encoder_seq_lens", "cross_block_tables", "cross_slot_mapping")
-
-
-def _check_field(name: str, value: Any) -> None:
-    """A field holds a tensor (or None, where optional); other attributes are not checked."""
-    if name in _REQUIRED_FIELDS and not is_tensor(value):
-        raise TypeError(
-            f"{name} must be a torch.Tensor or a numpy array, not {type(value).__name__}"
-        )
-    if name in _OPTIONAL_FIELDS and value is not None and not is_tensor(value):
-        raise TypeError(
-            f"{name} must be a torch.Tensor, a numpy array or None, not {type(value).__name__}"
-        )
+# The fields, each a tensor; the optional ones may be None.
+_OPTIONAL = ("encoder_seq_lens", "cross_block_tables", "cross_slot_mapping")
+_FIELDS = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping", *_OPTIONAL)
 
 
 @dataclass(eq=False)
@@ -61,16 +50,16 @@ class PagedAttentionMetadata:
     cross_slot_mapping: Tensor | None = None  # int64 [num_encoder_tokens]
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            _check_field(f.name, getattr(self, f.name))
+        for name in _FIELDS:
+            check_tensor(getattr(self, name), name, name in _OPTIONAL)
         self._derive()
 
     def __setattr__(self, name: str, value: Any) -> None:
         # A field assigned after construction: the derived values and the library's objects
         # follow it.
-        anew = "_objects" in self.__dict__ and name in _REQUIRED_FIELDS + _OPTIONAL_FIELDS
+        anew = "_objects" in self.__dict__ and name in _FIELDS
         if anew:
-            _check_field(name, value)
+            check_tensor(value, name, name in _OPTIONAL)
         object.__setattr__(self, name, value)
         if anew:
             self._derive()

@@ -142,8 +142,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         # or the first step for a caller that loads them otherwise), and again whenever the
         # tensor changes in place (a weight reload that skips process_weights_after_loading).
         self._sinks = sinks
-        self._sinks_loaded = sinks is None
-        self._sinks_version = -1  # the tensor's _version the library's copy was made from
+        self._sinks_version: int | None = None  # the tensor's _version the copy was made from
         # Decoder layers of a non-causal batch (vLLM's bidirectional decoders) see every key
         # of their sequence, or those of a window on both sides as vLLM's CPU_ATTN masks them:
         # the library's encoder-only masking over the cache, made when first needed.
@@ -164,7 +163,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
             # at construction.
             sinks = (
                 self._sinks.float().tolist()
-                if self._sinks_loaded
+                if self._sinks_version is not None
                 else [0.0] * int(self._sinks.numel())
             )
         return _ext.Layer(
@@ -183,7 +182,6 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         """Sinks are the layer's weights, loaded after construction: the library's copy of
         them is made from the loaded values (non-finite ones raise pagedattn.Error)."""
         if self._sinks is not None:
-            self._sinks_loaded = True
             self._sinks_version = self._sinks._version
             self.layer = self._make_layer(self.attn_type)
             self._bidirectional = None
@@ -199,14 +197,23 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
             query.dtype, cache_dtype, kv_cache.shape[2], self.head_size, ctx=self.ctx
         )
 
-    def _library_cache(self, kv_cache: torch.Tensor, layer: Any, query: torch.Tensor) -> Any:
-        """The library's view of the layer's pages, remembered with the tensor, its data
-        pointer and (FP8) the layer's scales. The first one fixes the layout."""
+    def _pages(self, kv_cache: torch.Tensor, layer: Any, like: torch.Tensor) -> Any:
+        """The library's view of the layer's pages: the one remembered for this tensor, its
+        data pointer and (FP8) the layer's scales, else a new one (the first fixes the layout,
+        from `like`'s activation dtype)."""
+        entry = self._cache_entry
+        if (
+            entry is not None
+            and entry[0] is kv_cache
+            and entry[1] == kv_cache.data_ptr()
+            and (self._cache_code == -1 or entry[2] == (layer._k_scale_float, layer._v_scale_float))
+        ):
+            return entry[3]
         scales = (1.0, 1.0)
         if self._cache_code != -1:
             scales = (float(layer._k_scale_float), float(layer._v_scale_float))
         if self.cache_layout is None:
-            self.cache_layout = self._choose_layout(query, kv_cache)
+            self.cache_layout = self._choose_layout(like, kv_cache)
         cache = _ext.KVCache.pages(
             kv_cache, self.head_size, self._cache_code, *scales, self.cache_layout
         )
@@ -232,17 +239,8 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         """Writes key/value [T, num_kv_heads, head_size] into the pages through slot_mapping
         (int64 [T], negative: padding), in ``cache_layout``, for callers that fill a layer's
         cache apart from its forward (vLLM's DFlash drafter). Encoder layers have no cache."""
-        if not self._paged:
-            return
-        entry = self._cache_entry
-        known = (
-            entry is not None
-            and entry[0] is kv_cache
-            and entry[1] == kv_cache.data_ptr()
-            and (self._cache_code == -1 or entry[2] == (layer._k_scale_float, layer._v_scale_float))
-        )
-        cache = entry[3] if known else self._library_cache(kv_cache, layer, key)
-        _ext.write_kv(self.ctx, cache, key, value, slot_mapping)
+        if self._paged:
+            _ext.write_kv(self.ctx, self._pages(kv_cache, layer, key), key, value, slot_mapping)
 
     def forward(
         self,
@@ -275,16 +273,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
             qsl = md.query_start_loc
             _ext.varlen_attention(self.ctx, self.layer, query, key, value, qsl, qsl, output, None)
             return output
-        entry = self._cache_entry
-        if (
-            entry is not None
-            and entry[0] is kv_cache
-            and entry[1] == kv_cache.data_ptr()
-            and (self._cache_code == -1 or entry[2] == (layer._k_scale_float, layer._v_scale_float))
-        ):
-            cache = entry[3]
-        else:
-            cache = self._library_cache(kv_cache, layer, query)
+        cache = self._pages(kv_cache, layer, query)
         plan = md.plans.get(self.step_key)
         if plan is None:
             plan = md.plans[self.step_key] = _ext.Plan(self.ctx, self.layer, md.batch)
