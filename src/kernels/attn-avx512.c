@@ -16,10 +16,13 @@ typedef __m512 (*pa512_loader)(const void *, __mmask16);
 
 /* rows x keys = 16 dot products; q has `rows` rows of Q elements that
  * `qload` widens (f32, or bf16 as it is stored), k has `keys` pointers
- * (padded by the caller); only rows_valid x keys_valid results are stored. */
+ * (padded by the caller); only rows x keys_valid results are stored. The
+ * block before it (`pending`) is finished after this one's second chunk,
+ * and this one left pending in turn (pa512_pending_block). */
 PA_INLINE void qk_block(const int rows, const int keys, pa512_loader qload, size_t q_elem,
                         pa512_loader load, size_t elem, size_t d, const char *q, size_t ldq,
-                        const void *const *k, float *s, size_t lds, size_t keys_valid) {
+                        const void *const *k, float *s, size_t lds, size_t keys_valid,
+                        pa512_pending_block *pending) {
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
   PA_FOR_CHUNKS(c, d, 16, "GCC unroll 16", {
@@ -31,20 +34,24 @@ PA_INLINE void qk_block(const int rows, const int keys, pa512_loader qload, size
       for (int r = 0; r < rows; r++)
         acc[r * keys + j] = _mm512_fmadd_ps(qv[r], kv, acc[r * keys + j]);
     }
+    if (c == 16) pa512_finish_block(rows, pending, lds);
   });
-  pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
+  pa512_finish_block(rows, pending, lds);
+  pa512_reduce16_begin(acc, pending, s, keys_valid);
 }
 
 PA_INLINE void qk_rows(const int rows, pa512_loader qload, size_t q_elem, pa512_loader load,
                        size_t elem, size_t n, size_t d, const char *q, size_t ldq,
                        const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
   const int keys = 16 / rows;
+  pa512_pending_block pending = {.s = NULL};
   for (size_t j = 0; j < n; j += (size_t)keys) {
     pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     size_t valid = pa_key_block(k_rows, j, keys, n, k);
-    qk_block(rows, keys, qload, q_elem, load, elem, d, q, ldq, k, s + j, lds, valid);
+    qk_block(rows, keys, qload, q_elem, load, elem, d, q, ldq, k, s + j, lds, valid, &pending);
   }
+  pa512_finish_block(rows, &pending, lds);
 }
 
 PA_INLINE void qk(pa512_loader qload, size_t q_elem, pa512_loader load, size_t elem, size_t m,

@@ -43,9 +43,12 @@ void pa_bf16_tables_init(void) { pthread_once(&pa_tables_once, build_tables); }
  * (docs/code-figures.md, Q K^T request steps). */
 PA_INLINE int qk_steps_per_chunk(size_t d) { return d > 128; }
 
+/* One block of rows x keys sums; the block before it (`pending`) is
+ * finished after this one's second chunk of dot products, and this one left
+ * pending in turn. */
 PA_INLINE void qk_block(const int rows, const int keys, size_t d, const uint16_t *q, size_t ldq,
                         const void *const *k, float *s, size_t lds, size_t keys_valid,
-                        pa_prefetch *prefetch, size_t done) {
+                        pa_prefetch *prefetch, size_t done, pa512_pending_block *pending) {
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
   PA_FOR_CHUNKS(c, d, 32, "GCC unroll 8", {
@@ -57,20 +60,24 @@ PA_INLINE void qk_block(const int rows, const int keys, size_t d, const uint16_t
       __m512i kv = load_bf16x32((const uint16_t *)k[j] + c, m, NULL);
       for (int r = 0; r < rows; r++) acc[r * keys + j] = dot(acc[r * keys + j], qv[r], kv);
     }
+    if (c == 32) pa512_finish_block(rows, pending, lds);
   });
-  pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
+  pa512_finish_block(rows, pending, lds);
+  pa512_reduce16_begin(acc, pending, s, keys_valid);
 }
 
 PA_INLINE void qk_rows(const int rows, size_t n, size_t d, const uint16_t *q, size_t ldq,
                        const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
   const int keys = 16 / rows;
   const size_t chunks = (d + 31) / 32;
+  pa512_pending_block pending = {.s = NULL};
   for (size_t j = 0; j < n; j += (size_t)keys) {
     if (!qk_steps_per_chunk(d)) pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     size_t valid = pa_key_block(k_rows, j, keys, n, k);
-    qk_block(rows, keys, d, q, ldq, k, s + j, lds, valid, prefetch, j * chunks);
+    qk_block(rows, keys, d, q, ldq, k, s + j, lds, valid, prefetch, j * chunks, &pending);
   }
+  pa512_finish_block(rows, &pending, lds);
 }
 
 static void pa_qk_bf16_bf16_avx512bf16(size_t m, size_t n, size_t d, const void *q_rows, size_t ldq,

@@ -107,7 +107,7 @@ static void pa_load_q_f16_avx512bf16(void *dst, const void *src, size_t n, float
  * 2 ldq words apart; every K vector meets both. */
 PA_INLINE void qk_block(const int rows, const int keys, const int split, const pa_fp8_tables *t,
                         size_t d, const uint16_t *q, size_t ldq, const void *const *k, float *s,
-                        size_t lds, size_t keys_valid) {
+                        size_t lds, size_t keys_valid, pa512_pending_block *pending) {
   const size_t row_stride = split ? 2 * ldq : ldq, rest = q_padded(d);
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
@@ -143,20 +143,26 @@ PA_INLINE void qk_block(const int rows, const int keys, const int split, const p
         }
       }
     }
+    if (g == 0 && !split) pa512_finish_block(rows, pending, lds);
   });
-  pa512_store_block(rows, pa512_reduce16(acc), s, lds, keys_valid);
+  pa512_finish_block(rows, pending, lds);
+  pa512_reduce16_begin(acc, pending, s, keys_valid);
+  /* Split Q's doubled dot products leave no registers for a pending block. */
+  if (split) pa512_finish_block(rows, pending, lds);
 }
 
 PA_INLINE void qk_rows(const int rows, const int split, const pa_fp8_tables *t, size_t n, size_t d,
                        const uint16_t *q, size_t ldq, const void *const *k_rows, float *s,
                        size_t lds, pa_prefetch *prefetch) {
   const int keys = 16 / rows;
+  pa512_pending_block pending = {.s = NULL};
   for (size_t j = 0; j < n; j += (size_t)keys) {
     pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     size_t valid = pa_key_block(k_rows, j, keys, n, k);
-    qk_block(rows, keys, split, t, d, q, ldq, k, s + j, lds, valid);
+    qk_block(rows, keys, split, t, d, q, ldq, k, s + j, lds, valid, &pending);
   }
+  pa512_finish_block(rows, &pending, lds);
 }
 
 PA_INLINE void qk(const pa_fp8_bytes *bytes, const int split, size_t m, size_t n, size_t d,

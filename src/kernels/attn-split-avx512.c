@@ -84,9 +84,11 @@ PA_DEFINE_LOAD_Q_SPLIT(pa_load_q_split_f16_avx512, uint16_t, pa512_load_f16)
 PA_DEFINE_LOAD_Q_SPLIT(pa_load_q_split_bf16_avx512, uint16_t, pa512_load_bf16)
 
 /* rows x keys = 16 dot products of split Q rows with bf16 K rows (k: `keys`
- * pointers, padded by the caller); rows x `valid` of them stored. */
+ * pointers, padded by the caller); rows x `valid` of them stored, the block
+ * before finished on the way (pa512_pending_block). */
 PA_INLINE void qk_block(const int rows, const int keys, size_t d, const float *q, size_t ldq,
-                        const void *const *k, float *s, size_t lds, size_t valid) {
+                        const void *const *k, float *s, size_t lds, size_t valid,
+                        pa512_pending_block *pending) {
   __m512 acc[16];
   for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
   PA_FOR_CHUNKS(c, d, 32, "GCC unroll 8", {
@@ -103,19 +105,23 @@ PA_INLINE void qk_block(const int rows, const int keys, size_t d, const float *q
         acc[r * keys + j] = _mm512_fmadd_ps(q_odd[r], k_odd, acc[r * keys + j]);
       }
     }
+    if (c == 32) pa512_finish_block(rows, pending, lds);
   });
-  pa512_store_block(rows, pa512_reduce16(acc), s, lds, valid);
+  pa512_finish_block(rows, pending, lds);
+  pa512_reduce16_begin(acc, pending, s, valid);
 }
 
 PA_INLINE void qk_rows(const int rows, size_t n, size_t d, const float *q, size_t ldq,
                        const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
   const int keys = 16 / rows;
+  pa512_pending_block pending = {.s = NULL};
   for (size_t j = 0; j < n; j += (size_t)keys) {
     pa_prefetch_step(prefetch, j + (size_t)keys);
     const void *k[16];
     size_t valid = pa_key_block(k_rows, j, keys, n, k);
-    qk_block(rows, keys, d, q, ldq, k, s + j, lds, valid);
+    qk_block(rows, keys, d, q, ldq, k, s + j, lds, valid, &pending);
   }
+  pa512_finish_block(rows, &pending, lds);
 }
 
 /* S = Q K^T (see pa_qk_fn) with Q as pa_load_q_split_* writes it. */

@@ -190,6 +190,33 @@ PA_INLINE __m512 pa512_reduce16_with(const __m512 *v, __m512 (*op)(__m512, __m51
 
 PA_INLINE __m512 pa512_reduce16(const __m512 *v) { return pa512_reduce16_with(v, pa512_add); }
 
+/* A Q K^T block's 16 sums, reduced to four vectors (the tree's first two
+ * levels) and kept while the next block's dot products start; `s` is NULL
+ * when there is none. The rest of the tree and the store then fill the
+ * pipes beside those dot products instead of holding them back at the
+ * block's end (docs/decode-memory.md, "Zen 4: the reduction beside the
+ * next block"). */
+typedef struct pa512_pending_block {
+  __m512 quad[4];
+  float *s;
+  size_t valid;
+} pa512_pending_block;
+
+PA_INLINE void pa512_reduce16_begin(const __m512 *v, pa512_pending_block *p, float *s,
+                                    size_t valid) {
+  __m512 pair[8];
+  for (int i = 0; i < 8; i++) {
+    pair[i] = pa512_add(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                        _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; i++) {
+    p->quad[i] = pa512_add(_mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0x44),
+                           _mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0xee));
+  }
+  p->s = s;
+  p->valid = valid;
+}
+
 /* Stores a block of 16 dot products, lane r * (16 / rows) + j holding row
  * r's key j, as rows x `valid` entries of S (leading dimension lds). */
 PA_INLINE void pa512_store_block(const int rows, __m512 sums, float *s, size_t lds, size_t valid) {
@@ -206,6 +233,20 @@ PA_INLINE void pa512_store_block(const int rows, __m512 sums, float *s, size_t l
     _mm_mask_storeu_ps(s + 2 * lds, m, _mm512_extractf32x4_ps(sums, 2));
     _mm_mask_storeu_ps(s + 3 * lds, m, _mm512_extractf32x4_ps(sums, 3));
   }
+}
+
+/* Ends a pending block's reduction and stores its sums (pa512_store_block). */
+PA_INLINE void pa512_finish_block(const int rows, pa512_pending_block *p, size_t lds) {
+  if (!p->s) return;
+  __m512 oct[2];
+  for (int i = 0; i < 2; i++) {
+    oct[i] = pa512_add(_mm512_shuffle_f32x4(p->quad[2 * i], p->quad[2 * i + 1], 0x88),
+                       _mm512_shuffle_f32x4(p->quad[2 * i], p->quad[2 * i + 1], 0xdd));
+  }
+  __m512 sums = pa512_add(_mm512_shuffle_f32x4(oct[0], oct[1], 0x88),
+                          _mm512_shuffle_f32x4(oct[0], oct[1], 0xdd));
+  pa512_store_block(rows, sums, p->s, lds, p->valid);
+  p->s = NULL;
 }
 
 /* Transposes a 16 x 16 block of 32-bit elements held as 16 row vectors. */
