@@ -655,6 +655,10 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
                 streamed ? &stream : NULL, stream_budget);
   }
 
+  /* A direct item's P V may have kept O in an order of its own. */
+  if (lo < hi && c->ops->o_to_columns && !item_is_packed(c, item) && !reads_tiles(c)) {
+    for (size_t i = 0; i < m; i++) c->ops->o_to_columns(s.o + i * s.ldo, d);
+  }
   if (partial) {
     for (size_t i = 0; i < m; i++, partial += d + 2) {
       partial[d] = s.row_max[i];

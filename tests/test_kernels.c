@@ -617,7 +617,8 @@ static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dty
     /* The scalar kernel sees P as the kernel pair's precision makes it: bf16
      * where its P V rounds P so (p_bf16), P itself where the pair splits P
      * in two bf16 parts or multiplies on the FMA units. */
-    float *p_ref = malloc(m * lds * 4);
+    float *p_ref = malloc(m * lds * 4), *rescale = malloc(m * 4);
+    const float *scales = tu_int(rng, 0, 1) ? rescale : NULL;
     for (size_t i = 0; i < m; i++) {
       for (size_t j = 0; j < n; j++) {
         got[i * lds + j] = (float)tu_range(rng, 0, 1);
@@ -626,18 +627,22 @@ static void test_narrow_direct(const pa_attn_ops *k, const pa_kernels *s, pa_dty
       }
       for (size_t e = 0; e < ldo; e++)
         o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
+      rescale[i] = scales ? random_rescale(rng, o_got + i * ldo, o_want + i * ldo, d) : 1.0f;
+      /* O as the kernel keeps it from one call to the next. */
+      if (k->o_from_columns) k->o_from_columns(o_got + i * ldo, d);
     }
     float *o_again = malloc(m * ldo * 4);
     memcpy(o_again, o_got, m * ldo * 4);
-    k->pv(m, n, d, got, lds, vr.ptr, o_got, ldo, NULL, NULL);
-    s->pv[cache](m, n, d, p_ref, lds, vr.ptr, o_want, ldo, NULL, NULL);
+    k->pv(m, n, d, got, lds, vr.ptr, o_got, ldo, scales, NULL);
+    s->pv[cache](m, n, d, p_ref, lds, vr.ptr, o_want, ldo, scales, NULL);
     free(p_ref);
     prefetch_probe_init(&probe, rng);
-    k->pv(m, n, d, got, lds, vr.ptr, o_again, ldo, NULL, &probe.p);
+    k->pv(m, n, d, got, lds, vr.ptr, o_again, ldo, scales, &probe.p);
     check_prefetch_spent(&probe, "pv narrow", m, n, d);
     CHECK(memcmp(o_again, o_got, m * ldo * 4) == 0, "pv[%s,%s] differs with prefetch",
           pa_dtype_name(act), pa_dtype_name(cache));
-    free(o_again);
+    free(o_again), free(rescale);
+    for (size_t i = 0; i < m && k->o_to_columns; i++) k->o_to_columns(o_got + i * ldo, d);
     for (size_t i = 0; i < m; i++) {
       for (size_t e = 0; e < d; e++) {
         double scale = pv_scale(got + i * lds, cache, vr.ptr, n, e, o_want[i * ldo + e]);

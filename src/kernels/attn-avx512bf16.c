@@ -7,8 +7,10 @@
  *
  * Q stays raw bf16 (the score factor is applied in the softmax). For P V,
  * two keys' V rows are interleaved word by word (vpunpck{l,h}wd), which
- * leaves the output columns permuted within each 32-column chunk; O is
- * permuted on load and back on store, once per call. */
+ * leaves the output columns permuted within each 32-column chunk. O's whole
+ * chunks stay in that order from one call to the next (pa_attn_ops
+ * o_to_columns); a chunk that d cuts short is permuted on load and back
+ * on store, so that its masked loads and stores stay within the row. */
 #include <pthread.h>
 
 #include "avx512bf16-common.h"
@@ -114,8 +116,14 @@ PA_INLINE void pv_block(const int rows, const int chunks, size_t n, size_t c0, s
     __mmask16 m0 = pa512_tail_mask(left), m1 = pa512_tail_mask(left > 16 ? left - 16 : 0);
     for (int r = 0; r < rows; r++) {
       __m512 scale = pa512_row_scale(rescale, r);
-      __m512 o0 = pa512_scaled(_mm512_maskz_loadu_ps(m0, o + r * ldo + col), scale);
-      __m512 o1 = pa512_scaled(_mm512_maskz_loadu_ps(m1, o + r * ldo + col + 16), scale);
+      const float *row = o + r * ldo + col;
+      if (left >= 32) {
+        low[r][c] = pa512_scaled(_mm512_loadu_ps(row), scale);
+        high[r][c] = pa512_scaled(_mm512_loadu_ps(row + 16), scale);
+        continue;
+      }
+      __m512 o0 = pa512_scaled(_mm512_maskz_loadu_ps(m0, row), scale);
+      __m512 o1 = pa512_scaled(_mm512_maskz_loadu_ps(m1, row + 16), scale);
       low[r][c] = _mm512_permutex2var_ps(o0, to_low, o1);
       high[r][c] = _mm512_permutex2var_ps(o0, to_high, o1);
     }
@@ -145,11 +153,34 @@ PA_INLINE void pv_block(const int rows, const int chunks, size_t n, size_t c0, s
     size_t left = col < d ? d - col : 0;
     __mmask16 m0 = pa512_tail_mask(left), m1 = pa512_tail_mask(left > 16 ? left - 16 : 0);
     for (int r = 0; r < rows; r++) {
-      _mm512_mask_storeu_ps(o + r * ldo + col, m0,
-                            _mm512_permutex2var_ps(low[r][c], from_0, high[r][c]));
-      _mm512_mask_storeu_ps(o + r * ldo + col + 16, m1,
-                            _mm512_permutex2var_ps(low[r][c], from_1, high[r][c]));
+      float *row = o + r * ldo + col;
+      if (left >= 32) {
+        _mm512_storeu_ps(row, low[r][c]);
+        _mm512_storeu_ps(row + 16, high[r][c]);
+        continue;
+      }
+      _mm512_mask_storeu_ps(row, m0, _mm512_permutex2var_ps(low[r][c], from_0, high[r][c]));
+      _mm512_mask_storeu_ps(row + 16, m1, _mm512_permutex2var_ps(low[r][c], from_1, high[r][c]));
     }
+  }
+}
+
+/* O's whole 32-column chunks between pv_block's order and column order. */
+static void pa_o_to_columns_bf16_avx512bf16(float *o, size_t d) {
+  const __m512i from_0 = _mm512_loadu_si512(pa_from_0), from_1 = _mm512_loadu_si512(pa_from_1);
+  for (size_t col = 0; col + 32 <= d; col += 32) {
+    __m512 low = _mm512_loadu_ps(o + col), high = _mm512_loadu_ps(o + col + 16);
+    _mm512_storeu_ps(o + col, _mm512_permutex2var_ps(low, from_0, high));
+    _mm512_storeu_ps(o + col + 16, _mm512_permutex2var_ps(low, from_1, high));
+  }
+}
+
+static void pa_o_from_columns_bf16_avx512bf16(float *o, size_t d) {
+  const __m512i to_low = _mm512_loadu_si512(pa_to_low), to_high = _mm512_loadu_si512(pa_to_high);
+  for (size_t col = 0; col + 32 <= d; col += 32) {
+    __m512 o0 = _mm512_loadu_ps(o + col), o1 = _mm512_loadu_ps(o + col + 16);
+    _mm512_storeu_ps(o + col, _mm512_permutex2var_ps(o0, to_low, o1));
+    _mm512_storeu_ps(o + col + 16, _mm512_permutex2var_ps(o0, to_high, o1));
   }
 }
 
@@ -214,4 +245,6 @@ void pa_attn_kernels_avx512bf16(pa_kernels *k, int dot) {
   ops->p_bf16 = dot;
   ops->qk = dot ? pa_qk_bf16_bf16_avx512bf16 : pa_qk_bf16_bf16_avx512;
   ops->pv = dot ? pa_pv_bf16_bf16_avx512bf16 : pa_pv_bf16_bf16_avx512;
+  ops->o_to_columns = dot ? pa_o_to_columns_bf16_avx512bf16 : NULL;
+  ops->o_from_columns = dot ? pa_o_from_columns_bf16_avx512bf16 : NULL;
 }

@@ -68,6 +68,10 @@ typedef void (*pa_pv_fn)(size_t m, size_t n, size_t d, const float *p, size_t ld
                          const void *const *v_rows, float *o, size_t ldo, const float *rescale,
                          pa_prefetch *prefetch);
 
+/* Puts one row of O (d floats) from a direct P V's own order into column
+ * order, or back (pa_attn_ops.o_to_columns). */
+typedef void (*pa_reorder_row_fn)(float *o, size_t d);
+
 /* One key tile's epilogue for m query rows, the online (streaming) softmax
  * in base 2. A raw score s becomes the logit x = s * score_scale, soft-capped
  * (x = c tanh(x / c)), ALiBi-biased (x += slope (j - position)), then
@@ -200,6 +204,13 @@ typedef struct pa_attn_ops {
   int p_bf16;  /* P V takes P rounded to bf16 (the softmax's weights need no more) */
   pa_qk_fn qk; /* direct: few rows (decode) */
   pa_pv_fn pv;
+  /* Where set, pv keeps O's rows in an order of its own from one call to
+   * the next (a permutation within each whole group of columns, the order
+   * its accumulators hold them in), so that a call loads and stores them as
+   * they are: o_to_columns puts a row in column order once the item's keys
+   * are done, o_from_columns the other way. NULL: column order. */
+  pa_reorder_row_fn o_to_columns;
+  pa_reorder_row_fn o_from_columns;
   pa_pack_fn pack_k; /* packed: many rows (prefill) */
   pa_pack_fn pack_v;
   pa_qk_packed_fn qk_packed;
