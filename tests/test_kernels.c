@@ -746,10 +746,15 @@ static void test_fp8_codes(const pa_kernels *k, const pa_kernels *s, tu_rng *rng
           for (size_t e = 0; e < ldo; e++)
             o_got[i * ldo + e] = o_want[i * ldo + e] = (float)tu_range(rng, -1, 1);
         }
-        if (use_narrow)
+        if (use_narrow) {
+          for (size_t i = 0; i < m && narrow->o_from_columns; i++)
+            narrow->o_from_columns(o_got + i * ldo, d);
           narrow->pv(m, n, d, got, lds, vr.ptr, o_got, ldo, NULL, NULL);
-        else
+          for (size_t i = 0; i < m && narrow->o_to_columns; i++)
+            narrow->o_to_columns(o_got + i * ldo, d);
+        } else {
           k->pv[cache](m, n, d, got, lds, vr.ptr, o_got, ldo, NULL, NULL);
+        }
         s->pv[cache](m, n, d, got, lds, vr.ptr, o_want, ldo, NULL, NULL);
         for (size_t i = 0; i < m; i++) {
           for (size_t e = 0; e < d; e++) {
@@ -1026,7 +1031,7 @@ static void test_family(pa_isa isa, int bf16_dot, const pa_kernels *scalar, tu_r
     for (int c = 0; c < PA_NUM_DTYPES; c++) {
       const pa_attn_ops *ops = &k.attn[a][c];
       test_packed(ops, &scalar->attn[a][c], (pa_dtype)a, (pa_dtype)c, rng);
-      if (ops->qk != k.qk[c]) /* a direct kernel pair of its own */
+      if (ops->qk != k.qk[c] || ops->pv != k.pv[c]) /* a direct kernel pair of its own */
         test_narrow_direct(ops, scalar, (pa_dtype)a, (pa_dtype)c, rng);
       if (ops->qk_tiled) {
         CHECK(ops->pv_tiled != NULL, "[%s,%s] has qk_tiled without pv_tiled",

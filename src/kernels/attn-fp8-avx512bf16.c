@@ -207,12 +207,16 @@ PA_INLINE void pv_group(const int rows, const int split, const pa_fp8_tables *t,
     size_t col = g + 16 * (size_t)c;
     mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
   }
+  /* A whole group of O stays in the accumulators' order from one call to
+   * the next (pa_attn_ops.o_to_columns); one that d cuts short keeps
+   * column order, so that its masked loads and stores stay within the row. */
+  const int whole = g + 64 <= d;
   for (int r = 0; r < rows; r++) {
     __m512 scale = pa512_row_scale(rescale, r);
     for (int c = 0; c < 4; c++) {
       acc[r][c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + g + 16 * c), scale);
     }
-    transpose_blocks(acc[r]);
+    if (!whole) transpose_blocks(acc[r]);
   }
   __mmask64 m = tail_mask64(d - g);
   for (size_t j = 0; j < n; j += 2) {
@@ -232,8 +236,19 @@ PA_INLINE void pv_group(const int rows, const int split, const pa_fp8_tables *t,
     }
   }
   for (int r = 0; r < rows; r++) {
-    transpose_blocks(acc[r]);
+    if (!whole) transpose_blocks(acc[r]);
     for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + r * ldo + g + 16 * c, mask[c], acc[r][c]);
+  }
+}
+
+/* O's whole 64-column groups between pv_group's order and column order
+ * (transpose_blocks is its own inverse: one function each way). */
+static void pa_o_reorder_fp8_avx512bf16(float *o, size_t d) {
+  for (size_t g = 0; g + 64 <= d; g += 64) {
+    __m512 v[4];
+    for (int c = 0; c < 4; c++) v[c] = _mm512_loadu_ps(o + g + 16 * c);
+    transpose_blocks(v);
+    for (int c = 0; c < 4; c++) _mm512_storeu_ps(o + g + 16 * c, v[c]);
   }
 }
 
@@ -336,6 +351,7 @@ void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
     ops->p_bf16 = 1;
     ops->qk = qk_fns[i];
     ops->pv = pv_fns[i];
+    ops->o_to_columns = ops->o_from_columns = pa_o_reorder_fp8_avx512bf16;
     ops = &k->attn[PA_F16][caches[i]];
     ops->load_q = pa_load_q_f16_split_avx512bf16;
     ops->load_q_packed = pa_load_q_f16_avx512bf16;
@@ -343,5 +359,6 @@ void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k) {
     ops->scale_scores = 1;
     ops->qk = qk_split_fns[i];
     ops->pv = pv_split_fns[i];
+    ops->o_to_columns = ops->o_from_columns = pa_o_reorder_fp8_avx512bf16;
   }
 }

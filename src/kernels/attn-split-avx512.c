@@ -159,10 +159,12 @@ PA_INLINE void pv_keys(const int rows, const int groups, size_t n, size_t c0, si
   }
 }
 
-/* O[0..rows)[c0 .. c0 + 32 groups) += P V over n keys. */
-PA_INLINE void pv_block(const int rows, const int groups, size_t n, size_t c0, size_t d,
-                        const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
-                        const float *rescale, pa_prefetch *prefetch) {
+/* O[0..rows)[c0 .. c0 + 32 groups) += P V over n keys; with `kept`, whole
+ * groups of O stay in the accumulators' order (even columns, then odd)
+ * from one call to the next (pa_attn_ops.o_to_columns). */
+PA_INLINE void pv_block(const int rows, const int groups, const int kept, size_t n, size_t c0,
+                        size_t d, const float *p, size_t ldp, const void *const *v_rows, float *o,
+                        size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   __mmask16 lo_mask[4], hi_mask[4];
   __m512 acc[16];
   for (int g = 0; g < groups; g++) {
@@ -171,37 +173,69 @@ PA_INLINE void pv_block(const int rows, const int groups, size_t n, size_t c0, s
     hi_mask[g] = col + 16 < d ? pa512_tail_mask(d - col - 16) : 0;
     for (int r = 0; r < rows; r++) {
       const float *at = o + r * ldo + col;
-      __m512 scale = pa512_row_scale(rescale, r);
+      __m512 scale = pa512_row_scale(rescale, r), *a = &acc[2 * (r * groups + g)];
+      if (kept && col + 32 <= d) {
+        a[0] = pa512_scaled(_mm512_loadu_ps(at), scale);
+        a[1] = pa512_scaled(_mm512_loadu_ps(at + 16), scale);
+        continue;
+      }
       __m512 lo = pa512_scaled(_mm512_maskz_loadu_ps(lo_mask[g], at), scale);
       __m512 hi = pa512_scaled(_mm512_maskz_loadu_ps(hi_mask[g], at + 16), scale);
-      split_group(lo, hi, &acc[2 * (r * groups + g)], &acc[2 * (r * groups + g) + 1]);
+      split_group(lo, hi, &a[0], &a[1]);
     }
   }
   pv_keys(rows, groups, n, c0, d, p, ldp, v_rows, acc, prefetch);
   for (int g = 0; g < groups; g++) {
     size_t col = c0 + 32 * (size_t)g;
     for (int r = 0; r < rows; r++) {
+      float *at = o + r * ldo + col;
+      const __m512 *a = &acc[2 * (r * groups + g)];
+      if (kept && col + 32 <= d) {
+        _mm512_storeu_ps(at, a[0]);
+        _mm512_storeu_ps(at + 16, a[1]);
+        continue;
+      }
       __m512 lo, hi;
-      join_group(acc[2 * (r * groups + g)], acc[2 * (r * groups + g) + 1], &lo, &hi);
-      _mm512_mask_storeu_ps(o + r * ldo + col, lo_mask[g], lo);
-      _mm512_mask_storeu_ps(o + r * ldo + col + 16, hi_mask[g], hi);
+      join_group(a[0], a[1], &lo, &hi);
+      _mm512_mask_storeu_ps(at, lo_mask[g], lo);
+      _mm512_mask_storeu_ps(at + 16, hi_mask[g], hi);
     }
+  }
+}
+
+/* O's whole 32-column groups between pv_block's order (even columns, then
+ * odd) and column order. */
+static void pa_o_to_columns_split_avx512(float *o, size_t d) {
+  for (size_t col = 0; col + 32 <= d; col += 32) {
+    __m512 lo, hi;
+    join_group(_mm512_loadu_ps(o + col), _mm512_loadu_ps(o + col + 16), &lo, &hi);
+    _mm512_storeu_ps(o + col, lo);
+    _mm512_storeu_ps(o + col + 16, hi);
+  }
+}
+
+static void pa_o_from_columns_split_avx512(float *o, size_t d) {
+  for (size_t col = 0; col + 32 <= d; col += 32) {
+    __m512 even, odd;
+    split_group(_mm512_loadu_ps(o + col), _mm512_loadu_ps(o + col + 16), &even, &odd);
+    _mm512_storeu_ps(o + col, even);
+    _mm512_storeu_ps(o + col + 16, odd);
   }
 }
 
 /* One group of `rows` rows (1-4) over every column of O, in blocks of up to
  * `width` 32-column groups, a block no wider than the columns left need
  * (rounded up to a power of two). */
-PA_INLINE void pv_rows(const int rows, const int width, size_t i, size_t m, size_t n, size_t d,
-                       const float *p, size_t ldp, const void *const *v_rows, float *o, size_t ldo,
-                       const float *rescale, pa_prefetch *prefetch) {
+PA_INLINE void pv_rows(const int rows, const int width, const int kept, size_t i, size_t m,
+                       size_t n, size_t d, const float *p, size_t ldp, const void *const *v_rows,
+                       float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   for (size_t c0 = 0; c0 < d; c0 += 32 * (size_t)width) {
     size_t left = (d - c0 + 31) / 32;
     pa_prefetch_span(prefetch, i * d + (size_t)rows * c0,
                      (size_t)rows * PA_MIN(d - c0, 32 * (size_t)width), m * d, n);
     const float *r = pa_rescale_from(rescale, i);
 #define PV_BLOCK(groups) \
-  pv_block(rows, groups, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo, r, prefetch)
+  pv_block(rows, groups, kept, n, c0, d, p + i * ldp, ldp, v_rows, o + i * ldo, ldo, r, prefetch)
     if (left > 2 && width >= 4) {
       PV_BLOCK(4);
     } else if (left > 1) {
@@ -216,13 +250,27 @@ PA_INLINE void pv_rows(const int rows, const int width, size_t i, size_t m, size
 /* O = O * rescale + P V (see pa_pv_fn) over a bf16 cache: rows in groups
  * of 4, then one of 3, 2 or 1; 3 or 4 rows take blocks of 64 columns, 1 or
  * 2 rows of 128 (16 accumulators at most). */
+PA_INLINE void pv_split(const int kept, size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                        const void *const *v_rows, float *o, size_t ldo, const float *rescale,
+                        pa_prefetch *prefetch) {
+#define PV_GROUP(rows, i) \
+  pv_rows(rows, (rows) >= 3 ? 2 : 4, kept, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch)
+  PA_ROW_GROUPS_OF_4(m, PV_GROUP);
+#undef PV_GROUP
+}
+
+/* O in column order (the f32 path's pv[] entry). */
 static void pa_pv_split_bf16_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
                                     const void *const *v_rows, float *o, size_t ldo,
                                     const float *rescale, pa_prefetch *prefetch) {
-#define PV_GROUP(rows, i) \
-  pv_rows(rows, (rows) >= 3 ? 2 : 4, i, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch)
-  PA_ROW_GROUPS_OF_4(m, PV_GROUP);
-#undef PV_GROUP
+  pv_split(0, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
+}
+
+/* O's whole groups in the accumulators' order (the pairs' pa_attn_ops). */
+static void pa_pv_split_kept_bf16_avx512(size_t m, size_t n, size_t d, const float *p, size_t ldp,
+                                         const void *const *v_rows, float *o, size_t ldo,
+                                         const float *rescale, pa_prefetch *prefetch) {
+  pv_split(1, m, n, d, p, ldp, v_rows, o, ldo, rescale, prefetch);
 }
 
 /* bf16 caches of every activation dtype on the f32 path: these direct
@@ -241,6 +289,8 @@ void pa_attn_split_kernels_avx512(pa_kernels *k) {
     ops->q_size = sizeof(float);
     ops->scale_scores = 0;
     ops->qk = pa_qk_split_bf16_avx512;
-    ops->pv = pa_pv_split_bf16_avx512;
+    ops->pv = pa_pv_split_kept_bf16_avx512;
+    ops->o_to_columns = pa_o_to_columns_split_avx512;
+    ops->o_from_columns = pa_o_from_columns_split_avx512;
   }
 }
