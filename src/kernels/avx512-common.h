@@ -168,11 +168,11 @@ PA_INLINE __m512 pa512_tanh(__m512 x) {
 PA_INLINE __m512 pa512_add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
 PA_INLINE __m512 pa512_max(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
 
-/* Reduces each of v[0..15] across its lanes with `op`; lane k of the result
- * is op over v[k]. A transpose tree: 45 shuffles and ops instead of 16
- * horizontal reductions. */
-PA_INLINE __m512 pa512_reduce16_with(const __m512 *v, __m512 (*op)(__m512, __m512)) {
-  __m512 pair[8], quad[4], oct[2];
+/* The transpose tree's first two levels: v[0..15] to four vectors, lane
+ * 4 i + k of quad[q] holding op over a quarter of v[4 q + k]'s lanes
+ * (quarter i). */
+PA_INLINE void pa512_reduce16_quads(const __m512 *v, __m512 (*op)(__m512, __m512), __m512 *quad) {
+  __m512 pair[8];
   for (int i = 0; i < 8; i++) {
     pair[i] =
         op(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
@@ -181,6 +181,11 @@ PA_INLINE __m512 pa512_reduce16_with(const __m512 *v, __m512 (*op)(__m512, __m51
     quad[i] = op(_mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0x44),
                  _mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0xee));
   }
+}
+
+/* Its last two levels: lane k of the result is op over v[k]. */
+PA_INLINE __m512 pa512_reduce16_end(const __m512 *quad, __m512 (*op)(__m512, __m512)) {
+  __m512 oct[2];
   for (int i = 0; i < 2; i++) {
     oct[i] = op(_mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0x88),
                 _mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0xdd));
@@ -188,14 +193,23 @@ PA_INLINE __m512 pa512_reduce16_with(const __m512 *v, __m512 (*op)(__m512, __m51
   return op(_mm512_shuffle_f32x4(oct[0], oct[1], 0x88), _mm512_shuffle_f32x4(oct[0], oct[1], 0xdd));
 }
 
+/* Reduces each of v[0..15] across its lanes with `op`; lane k of the result
+ * is op over v[k]. A transpose tree: 45 shuffles and ops instead of 16
+ * horizontal reductions. */
+PA_INLINE __m512 pa512_reduce16_with(const __m512 *v, __m512 (*op)(__m512, __m512)) {
+  __m512 quad[4];
+  pa512_reduce16_quads(v, op, quad);
+  return pa512_reduce16_end(quad, op);
+}
+
 PA_INLINE __m512 pa512_reduce16(const __m512 *v) { return pa512_reduce16_with(v, pa512_add); }
 
-/* A Q K^T block's 16 sums, reduced to four vectors (the tree's first two
- * levels) and kept while the next block's dot products start; `s` is NULL
- * when there is none. The rest of the tree and the store then fill the
- * pipes beside those dot products instead of holding them back at the
- * block's end (docs/decode-memory.md, "Zen 4: the reduction beside the
- * next block"). */
+/* A Q K^T block's 16 sums, reduced to four vectors (pa512_reduce16_quads)
+ * and kept while the next block's dot products start; `s` is NULL when
+ * there is none. The rest of the tree and the store then fill the pipes
+ * beside those dot products instead of holding them back at the block's
+ * end (docs/decode-memory.md, "Zen 4: the reduction beside the next
+ * block"). */
 typedef struct pa512_pending_block {
   __m512 quad[4];
   float *s;
@@ -204,15 +218,7 @@ typedef struct pa512_pending_block {
 
 PA_INLINE void pa512_reduce16_begin(const __m512 *v, pa512_pending_block *p, float *s,
                                     size_t valid) {
-  __m512 pair[8];
-  for (int i = 0; i < 8; i++) {
-    pair[i] = pa512_add(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                        _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  }
-  for (int i = 0; i < 4; i++) {
-    p->quad[i] = pa512_add(_mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0x44),
-                           _mm512_shuffle_ps(pair[2 * i], pair[2 * i + 1], 0xee));
-  }
+  pa512_reduce16_quads(v, pa512_add, p->quad);
   p->s = s;
   p->valid = valid;
 }
@@ -238,14 +244,7 @@ PA_INLINE void pa512_store_block(const int rows, __m512 sums, float *s, size_t l
 /* Ends a pending block's reduction and stores its sums (pa512_store_block). */
 PA_INLINE void pa512_finish_block(const int rows, pa512_pending_block *p, size_t lds) {
   if (!p->s) return;
-  __m512 oct[2];
-  for (int i = 0; i < 2; i++) {
-    oct[i] = pa512_add(_mm512_shuffle_f32x4(p->quad[2 * i], p->quad[2 * i + 1], 0x88),
-                       _mm512_shuffle_f32x4(p->quad[2 * i], p->quad[2 * i + 1], 0xdd));
-  }
-  __m512 sums = pa512_add(_mm512_shuffle_f32x4(oct[0], oct[1], 0x88),
-                          _mm512_shuffle_f32x4(oct[0], oct[1], 0xdd));
-  pa512_store_block(rows, sums, p->s, lds, p->valid);
+  pa512_store_block(rows, pa512_reduce16_end(p->quad, pa512_add), p->s, lds, p->valid);
   p->s = NULL;
 }
 
