@@ -165,23 +165,24 @@ PA_INLINE void pv_block(const int rows, const int chunks, size_t n, size_t c0, s
   }
 }
 
-/* O's whole 32-column chunks between pv_block's order and column order. */
-static void pa_o_to_columns_bf16_avx512bf16(float *o, size_t d) {
-  const __m512i from_0 = _mm512_loadu_si512(pa_from_0), from_1 = _mm512_loadu_si512(pa_from_1);
+/* O's whole 32-column chunks through the two-source permutes `first` and
+ * `second` (pa_from_0 and pa_from_1 into column order, pa_to_low and
+ * pa_to_high into pv_block's). */
+PA_INLINE void reorder_chunks(float *o, size_t d, const int32_t *first, const int32_t *second) {
+  const __m512i a = _mm512_loadu_si512(first), b = _mm512_loadu_si512(second);
   for (size_t col = 0; col + 32 <= d; col += 32) {
-    __m512 low = _mm512_loadu_ps(o + col), high = _mm512_loadu_ps(o + col + 16);
-    _mm512_storeu_ps(o + col, _mm512_permutex2var_ps(low, from_0, high));
-    _mm512_storeu_ps(o + col + 16, _mm512_permutex2var_ps(low, from_1, high));
+    __m512 lo = _mm512_loadu_ps(o + col), hi = _mm512_loadu_ps(o + col + 16);
+    _mm512_storeu_ps(o + col, _mm512_permutex2var_ps(lo, a, hi));
+    _mm512_storeu_ps(o + col + 16, _mm512_permutex2var_ps(lo, b, hi));
   }
 }
 
+static void pa_o_to_columns_bf16_avx512bf16(float *o, size_t d) {
+  reorder_chunks(o, d, pa_from_0, pa_from_1);
+}
+
 static void pa_o_from_columns_bf16_avx512bf16(float *o, size_t d) {
-  const __m512i to_low = _mm512_loadu_si512(pa_to_low), to_high = _mm512_loadu_si512(pa_to_high);
-  for (size_t col = 0; col + 32 <= d; col += 32) {
-    __m512 o0 = _mm512_loadu_ps(o + col), o1 = _mm512_loadu_ps(o + col + 16);
-    _mm512_storeu_ps(o + col, _mm512_permutex2var_ps(o0, to_low, o1));
-    _mm512_storeu_ps(o + col + 16, _mm512_permutex2var_ps(o0, to_high, o1));
-  }
+  reorder_chunks(o, d, pa_to_low, pa_to_high);
 }
 
 /* One group of `rows` rows (1-4) over every column of O: 32-column chunks

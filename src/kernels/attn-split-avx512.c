@@ -203,24 +203,22 @@ PA_INLINE void pv_block(const int rows, const int groups, const int kept, size_t
   }
 }
 
-/* O's whole 32-column groups between pv_block's order (even columns, then
- * odd) and column order. */
-static void pa_o_to_columns_split_avx512(float *o, size_t d) {
+/* O's whole 32-column groups through split_group or join_group: from column
+ * order into pv_block's (even columns, then odd), or back. */
+PA_INLINE void reorder_groups(float *o, size_t d,
+                              void (*move)(__m512, __m512, __m512 *, __m512 *)) {
   for (size_t col = 0; col + 32 <= d; col += 32) {
-    __m512 lo, hi;
-    join_group(_mm512_loadu_ps(o + col), _mm512_loadu_ps(o + col + 16), &lo, &hi);
-    _mm512_storeu_ps(o + col, lo);
-    _mm512_storeu_ps(o + col + 16, hi);
+    __m512 first, second;
+    move(_mm512_loadu_ps(o + col), _mm512_loadu_ps(o + col + 16), &first, &second);
+    _mm512_storeu_ps(o + col, first);
+    _mm512_storeu_ps(o + col + 16, second);
   }
 }
 
+static void pa_o_to_columns_split_avx512(float *o, size_t d) { reorder_groups(o, d, join_group); }
+
 static void pa_o_from_columns_split_avx512(float *o, size_t d) {
-  for (size_t col = 0; col + 32 <= d; col += 32) {
-    __m512 even, odd;
-    split_group(_mm512_loadu_ps(o + col), _mm512_loadu_ps(o + col + 16), &even, &odd);
-    _mm512_storeu_ps(o + col, even);
-    _mm512_storeu_ps(o + col + 16, odd);
-  }
+  reorder_groups(o, d, split_group);
 }
 
 /* One group of `rows` rows (1-4) over every column of O, in blocks of up to
