@@ -96,11 +96,12 @@ static int item_is_packed(const pa_attention_call *c, const pa_plan_item *item) 
   return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin) >= c->ops->packed_min_rows;
 }
 
-/* Items whose Q the packed kernels' loader takes: packed items, and every
- * item over a tiled cache whose tiles the kernels read in place (the
- * tiles' kernels share the packed kernels' Q). */
-static int takes_packed_q(const pa_attention_call *c, const pa_plan_item *item) {
-  return item_is_packed(c, item) || reads_tiles(c);
+/* Items whose cache rows the direct kernels (pa_attn_ops.qk and .pv) read:
+ * neither packed nor over a tiled cache. Every other item's Q goes through
+ * the packed kernels' loader (the tiles' kernels share the packed kernels'
+ * Q). */
+static int reads_rows_directly(const pa_attention_call *c, const pa_plan_item *item) {
+  return !item_is_packed(c, item) && !reads_tiles(c);
 }
 
 /* Q rows in scratch: d elements rounded up to 64 (see pa_attn_ops). */
@@ -159,7 +160,7 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
   int64_t q_start = plan->q_starts[item->seq];
   int64_t q_len = plan->q_starts[item->seq + 1] - q_start, k_len = plan->kv_lens[item->seq];
   size_t m = pa_item_rows(item);
-  pa_load_row_fn load_q = takes_packed_q(c, item) ? c->ops->load_q_packed : c->ops->load_q;
+  pa_load_row_fn load_q = reads_rows_directly(c, item) ? c->ops->load_q : c->ops->load_q_packed;
   if (reads_tiles(c) && c->ops->load_q_tiled) load_q = c->ops->load_q_tiled;
   *lo = INT64_MAX;
   *hi = INT64_MIN;
@@ -656,7 +657,7 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   }
 
   /* A direct item's P V may have kept O in an order of its own. */
-  if (lo < hi && c->ops->o_to_columns && !item_is_packed(c, item) && !reads_tiles(c)) {
+  if (lo < hi && c->ops->o_to_columns && reads_rows_directly(c, item)) {
     for (size_t i = 0; i < m; i++) c->ops->o_to_columns(s.o + i * s.ldo, d);
   }
   if (partial) {
