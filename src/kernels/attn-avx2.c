@@ -24,25 +24,60 @@ PA_INLINE __m256 reduce8(const __m256 *v) {
                        _mm256_permute2f128_ps(quad[0], quad[1], 0x31));
 }
 
+/* Lanes [r * 8 / rows, (r + 1) * 8 / rows) of `sums` into S's row r, for
+ * each of the block's rows (1, 2 or 4). */
+PA_INLINE void store_rows(const int rows, __m256 sums, float *s, size_t lds) {
+  if (rows == 1) {
+    _mm256_storeu_ps(s, sums);
+    return;
+  }
+  __m128 low = _mm256_castps256_ps128(sums), high = _mm256_extractf128_ps(sums, 1);
+  if (rows == 2) {
+    _mm_storeu_ps(s, low);
+    _mm_storeu_ps(s + lds, high);
+    return;
+  }
+  _mm_storel_pi((__m64 *)s, low);
+  _mm_storeh_pi((__m64 *)(s + lds), low);
+  _mm_storel_pi((__m64 *)(s + 2 * lds), high);
+  _mm_storeh_pi((__m64 *)(s + 3 * lds), high);
+}
+
+/* The products of elements [c, c + count) of the block's rows and keys. */
+PA_INLINE void qk_chunk(const int rows, const int keys, pa256_loader load, size_t elem, size_t c,
+                        size_t count, const float *q, size_t ldq, const void *const *k,
+                        __m256 *acc) {
+  __m256 qv[4];
+  for (int r = 0; r < rows; r++) {
+    qv[r] = pa256_load_f32(q + r * ldq + c, count);
+    __asm__("" : "+x"(qv[r]));
+  }
+  for (int j = 0; j < keys; j++) {
+    __m256 kv = load((const char *)k[j] + c * elem, count);
+    for (int r = 0; r < rows; r++)
+      acc[r * keys + j] = _mm256_fmadd_ps(qv[r], kv, acc[r * keys + j]);
+  }
+}
+
+/* Whole 8-element chunks, then the tail: a constant count lets the loads
+ * drop their partial-copy branch, which otherwise stays inside the loop. */
 PA_INLINE void qk_block(const int rows, const int keys, pa256_loader load, size_t elem, float unit,
                         size_t d, const float *q, size_t ldq, const void *const *k, float *s,
                         size_t lds, size_t keys_valid) {
   __m256 acc[8];
   for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
-  for (size_t c = 0; c < d; c += 8) {
-    size_t count = d - c < 8 ? d - c : 8;
-    __m256 qv[4];
-    for (int r = 0; r < rows; r++) qv[r] = pa256_load_f32(q + r * ldq + c, count);
-    for (int j = 0; j < keys; j++) {
-      __m256 kv = load((const char *)k[j] + c * elem, count);
-      for (int r = 0; r < rows; r++)
-        acc[r * keys + j] = _mm256_fmadd_ps(qv[r], kv, acc[r * keys + j]);
-    }
+  size_t c = 0;
+  for (; c + 8 <= d; c += 8) qk_chunk(rows, keys, load, elem, c, 8, q, ldq, k, acc);
+  if (c < d) qk_chunk(rows, keys, load, elem, c, d - c, q, ldq, k, acc);
+  __m256 sums = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(unit));
+  if (keys_valid == (size_t)keys) {
+    store_rows(rows, sums, s, lds);
+    return;
   }
-  float sums[8];
-  _mm256_storeu_ps(sums, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(unit)));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sums);
   for (int r = 0; r < rows; r++) {
-    for (size_t j = 0; j < keys_valid; j++) s[r * lds + j] = sums[r * keys + (int)j];
+    for (size_t j = 0; j < keys_valid; j++) s[r * lds + j] = lanes[r * keys + (int)j];
   }
 }
 
