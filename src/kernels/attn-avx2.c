@@ -327,11 +327,17 @@ static void pa_softmax_avx2(const pa_softmax_tile *t, float *s, size_t lds) {
     }
     __m256 shift = _mm256_set1_ps(t->row_max[i]), vsum = _mm256_setzero_ps();
     __m256 factor = _mm256_set1_ps(raw ? log2_scale : 1.0f);
-    for (size_t j = 0; j < t->n; j += 8) {
-      size_t count = t->n - j < 8 ? t->n - j : 8;
+    size_t j = 0;
+    for (; j + 8 <= t->n; j += 8) {
+      __m256 weight = pa256_exp2(_mm256_fmsub_ps(_mm256_loadu_ps(row + j), factor, shift));
+      _mm256_storeu_ps(row + j, weight);
+      vsum = _mm256_add_ps(vsum, weight);
+    }
+    if (j < t->n) {
+      size_t count = t->n - j;
       __m256 weight = pa256_exp2(_mm256_fmsub_ps(pa256_load_f32(row + j, count), factor, shift));
       pa256_store_f32(row + j, weight, count);
-      /* A tail's padding lanes hold 2^(0 - shift), not part of the sum. */
+      /* The padding lanes hold 2^(0 - shift), not part of the sum. */
       vsum =
           _mm256_add_ps(vsum, _mm256_and_ps(weight, _mm256_castsi256_ps(pa256_tail_mask(count))));
     }
