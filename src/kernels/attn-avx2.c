@@ -50,6 +50,9 @@ PA_INLINE void qk_chunk(const int rows, const int keys, pa256_loader load, size_
   __m256 qv[4];
   for (int r = 0; r < rows; r++) {
     qv[r] = pa256_load_f32(q + r * ldq + c, count);
+    /* Opaque to the compiler, so that Q stays in a register: folded into
+     * each FMA as a memory operand, it was loaded once per key instead of
+     * once per chunk (docs/decode-memory.md, "AVX2 Q K^T"). */
     __asm__("" : "+x"(qv[r]));
   }
   for (int j = 0; j < keys; j++) {
