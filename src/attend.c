@@ -62,6 +62,11 @@ static char *out_row(const pa_attention_call *c, int64_t row, int32_t head) {
   return c->out + row * c->out_row_bytes + head * head_bytes;
 }
 
+static const char *query_row(const pa_attention_call *c, int64_t row, int32_t head) {
+  int64_t head_bytes = (int64_t)c->layer->head_size * (int64_t)pa_dtype_size(c->layer->dtype);
+  return c->query + row * c->query_row_bytes + head * head_bytes;
+}
+
 /* Normalises one row's accumulator into the output (and lse). row_max (a
  * base-2 logit, see pa_softmax_tile) is -inf exactly when the row saw no
  * key: zeros and lse = -inf. */
@@ -150,6 +155,18 @@ static pa_item_scratch carve_scratch(const pa_attention_call *c, int thread) {
   return s;
 }
 
+/* Rows the walk over an item's queries requests ahead of itself: a row is
+ * a run of a few hundred bytes, a query token's heads a few KiB, far apart
+ * in memory, which the hardware prefetchers do not reach before the loop
+ * does (docs/peer-limits.md, "The rows around the kernels"). */
+enum { PA_ROW_LEAD = 8 };
+
+/* Requests into L1 the lines of [p, p + bytes). */
+static inline void request_row(const char *p, size_t bytes) {
+  const char *line = p - (uintptr_t)p % PA_CACHE_LINE;
+  for (; line < p + bytes; line += PA_CACHE_LINE) __builtin_prefetch(line, 0, 3);
+}
+
 /* Loads the item's query rows (by KV head, row, head) and the keys each
  * sees; returns the union of those key ranges in *lo, *hi. */
 static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item, pa_item_scratch *s,
@@ -164,9 +181,17 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
   if (reads_tiles(c) && c->ops->load_q_tiled) load_q = c->ops->load_q_tiled;
   *lo = INT64_MAX;
   *hi = INT64_MIN;
-  pa_row_walk walk = pa_row_walk_from(item, 0);
+  size_t row_bytes = d * act_size;
+  pa_row_walk walk = pa_row_walk_from(item, 0), ahead = pa_row_walk_from(item, 0);
+  for (size_t i = 0; i < PA_MIN(m, (size_t)PA_ROW_LEAD); i++, pa_row_walk_next(&ahead)) {
+    request_row(query_row(c, q_start + ahead.row, ahead.head), row_bytes);
+  }
   for (size_t i = 0; i < m; i++, pa_row_walk_next(&walk)) {
     int32_t r = walk.row, h = walk.head;
+    if (i + PA_ROW_LEAD < m) {
+      request_row(query_row(c, q_start + ahead.row, ahead.head), row_bytes);
+      pa_row_walk_next(&ahead);
+    }
     int64_t key_lo, key_hi;
     pa_row_keys(c->mask, q_len, k_len, r, &key_lo, &key_hi);
     key_lo = PA_MAX(key_lo, item->key_begin);
@@ -175,7 +200,7 @@ static size_t load_queries(const pa_attention_call *c, const pa_plan_item *item,
       *lo = PA_MIN(*lo, key_lo);
       *hi = PA_MAX(*hi, key_hi);
     }
-    const char *src = c->query + (q_start + r) * c->query_row_bytes + (size_t)h * d * act_size;
+    const char *src = query_row(c, q_start + r, h);
     load_q((char *)s->q + i * q_stride(d) * c->ops->q_size, src, d, c->q_factor);
     s->position[i] = (int32_t)(k_len - q_len + r);
     s->key_lo[i] = (int32_t)key_lo;
@@ -248,6 +273,30 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
       bytes[count++] = value_length;
     }
     key += run;
+  }
+  return count;
+}
+
+/* The item's output rows as ranges, adjacent rows merged (a query token's
+ * heads lie side by side), at most `capacity`: the last tile's kernels
+ * request them as they compute, so that finish_row stores into lines
+ * already in cache rather than waiting on each row's (docs/peer-limits.md,
+ * "The rows around the kernels"). */
+static size_t output_ranges(const pa_attention_call *c, const pa_plan_item *item,
+                            const char **start, size_t *bytes, size_t capacity) {
+  size_t m = pa_item_rows(item), count = 0;
+  size_t row_bytes = (size_t)c->layer->head_size * pa_dtype_size(c->layer->dtype);
+  int64_t q_start = c->plan->q_starts[item->seq];
+  pa_row_walk walk = pa_row_walk_from(item, 0);
+  for (size_t i = 0; i < m; i++, pa_row_walk_next(&walk)) {
+    const char *row = out_row(c, q_start + walk.row, walk.head);
+    if (count > 0 && start[count - 1] + bytes[count - 1] == row) {
+      bytes[count - 1] += row_bytes;
+      continue;
+    }
+    if (count >= capacity) break;
+    start[count] = row;
+    bytes[count++] = row_bytes;
   }
   return count;
 }
@@ -643,6 +692,9 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
                        v_rows[current ^ 1]);
       ahead.count = tile_ranges(c, item, next, next_n, s.range_start, s.range_bytes,
                                 pa_prefetch_ranges(c->plan->max_rows, c->plan->key_tile));
+    } else if (!partial) {
+      ahead.count = output_ranges(c, item, s.range_start, s.range_bytes,
+                                  pa_prefetch_ranges(c->plan->max_rows, c->plan->key_tile));
     }
     /* Into L2: a stream request into L1 as well was slower (docs/xeon-amx.md). */
     pa_prefetch stream = {.start = s.stream_start, .bytes = s.stream_bytes, .to_l2 = 1};
