@@ -277,6 +277,20 @@ static size_t tile_ranges(const pa_attention_call *c, const pa_plan_item *item, 
   return count;
 }
 
+/* Appends [at, at + length) to the `*count` ranges, extending the last one
+ * where it ends at `at`; 0 when that needs a range past `capacity`. */
+static int append_range(const char **start, size_t *bytes, size_t *count, size_t capacity,
+                        const char *at, size_t length) {
+  if (*count > 0 && start[*count - 1] + bytes[*count - 1] == at) {
+    bytes[*count - 1] += length;
+    return 1;
+  }
+  if (*count >= capacity) return 0;
+  start[*count] = at;
+  bytes[(*count)++] = length;
+  return 1;
+}
+
 /* The item's output rows as ranges, adjacent rows merged (a query token's
  * heads lie side by side), at most `capacity`: the last tile's kernels
  * request them as they compute, so that finish_row stores into lines
@@ -290,13 +304,7 @@ static size_t output_ranges(const pa_attention_call *c, const pa_plan_item *item
   pa_row_walk walk = pa_row_walk_from(item, 0);
   for (size_t i = 0; i < m; i++, pa_row_walk_next(&walk)) {
     const char *row = out_row(c, q_start + walk.row, walk.head);
-    if (count > 0 && start[count - 1] + bytes[count - 1] == row) {
-      bytes[count - 1] += row_bytes;
-      continue;
-    }
-    if (count >= capacity) break;
-    start[count] = row;
-    bytes[count++] = row_bytes;
+    if (!append_range(start, bytes, &count, capacity, row, row_bytes)) break;
   }
   return count;
 }
@@ -334,13 +342,7 @@ static size_t tiled_side_ranges(const pa_attention_call *c, const pa_plan_item *
                         group);
     }
     key += run;
-    if (count > 0 && start[count - 1] + bytes[count - 1] == at) {
-      bytes[count - 1] += length;
-      continue;
-    }
-    if (count >= capacity) break;
-    start[count] = at;
-    bytes[count++] = length;
+    if (!append_range(start, bytes, &count, capacity, at, length)) break;
   }
   return count;
 }
