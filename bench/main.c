@@ -386,13 +386,15 @@ int main(int argc, char **argv) {
   pab_report_begin(o.format, &h);
 
   pab_timing timing = {o.repeats, 1, o.quick ? 0.01 : 0.5, o.quick ? 1 : 3, o.quick ? 20 : 2000};
-  /* Memory-bound rows are judged against the larger of the table's bandwidth and one measured
-   * just before the row: the machine's bandwidth drifts over a run when others share it. */
+  /* Rows are judged against the larger of the table's bandwidth (memory-bound rows) or peaks
+   * (compute-bound ones; rows bound by either, both) and those measured just before the row:
+   * the machine drifts over a run when others share it. */
   int max_threads = 1;
   for (int t = 0; t < o.num_threads; t++)
     if (o.threads[t] > max_threads) max_threads = o.threads[t];
   pab_read_probe *probe =
       o.quick ? NULL : pab_read_probe_new(&mach, (size_t)512 << 20, max_threads);
+  pab_peak_probe *peaks = o.quick ? NULL : pab_peak_probe_new(&mach, 0.02);
   /* Scalar rows are there for scale, not precision: one call each. */
   pab_timing scalar_timing = {1, 0, 0, 1, 1};
   for (int i = 0; i < num_cases; i++) {
@@ -422,8 +424,14 @@ int main(int argc, char **argv) {
         pa_context *cx = pass ? make_context(o.threads[t], "scalar") : ctx[t];
         int threads = pa_context_num_threads(cx);
         double probe_gbs = 0;
-        if (probe && c->bound == PAB_BOUND_MEMORY && c->cold && !pass) {
+        if (probe && c->bound != PAB_BOUND_COMPUTE && c->cold && !pass) {
           probe_gbs = pab_read_probe_gbs(probe, threads, 3);
+        }
+        const pab_roof *found = pab_roof_for(roofs, o.num_threads, threads);
+        pab_roof roof = found ? *found : roofs[t];
+        if (probe_gbs > roof.read_gbs) roof.read_gbs = probe_gbs;
+        if (peaks && c->bound != PAB_BOUND_MEMORY && !pass) {
+          pab_peak_probe_raise(peaks, threads, 3, &roof);
         }
         pab_result res;
         pab_data_time(d, cx, pass ? &scalar_timing : &timing, &res);
@@ -431,9 +439,6 @@ int main(int argc, char **argv) {
         memset(&row, 0, sizeof row);
         row.isa = pa_context_kernel_path(cx);
         row.threads = threads;
-        const pab_roof *found = pab_roof_for(roofs, o.num_threads, threads);
-        pab_roof roof = found ? *found : roofs[t];
-        if (probe_gbs > roof.read_gbs) roof.read_gbs = probe_gbs;
         fill_row(&row, c, &m, &res, &roof, &mach, pab_data_rotations(d));
         pab_report_row(o.format, &row);
         if (pass) pa_context_destroy(cx);
@@ -443,6 +448,7 @@ int main(int argc, char **argv) {
   }
   pab_report_end(o.format, pab_now() - t_start);
   pab_read_probe_free(probe);
+  pab_peak_probe_free(peaks);
 
   for (int i = 0; i < o.num_threads; i++) pa_context_destroy(ctx[i]);
   for (int i = 0; i < num_cases; i++) pab_case_free(cases[i]);

@@ -246,22 +246,29 @@ static void peak_work(void *arg, int tid, int n) {
   g_sink_f32[tid & 63] += j->fn(j->iters);
 }
 
-/* GFLOP/s of fn with nthreads running it at once; the iteration count is calibrated on one
- * thread so that a run takes about `seconds`. */
-static double measure_peak(peak_fn fn, double flops_per_iter, int nthreads, double seconds,
-                           int reps) {
+/* The iteration count that makes one run of fn on one thread take about `seconds`. */
+static uint64_t calibrate_peak(peak_fn fn, double seconds) {
   peak_job j = {fn, 1024};
   for (;;) {
     double t = pab_run_parallel(1, 1, peak_work, &j);
     if (t >= seconds / 8 || j.iters > ((uint64_t)1 << 40)) {
       double scale = t > 0 ? seconds / t : 8.0;
-      j.iters = (uint64_t)((double)j.iters * scale) + 1;
-      break;
+      return (uint64_t)((double)j.iters * scale) + 1;
     }
     j.iters *= 4;
   }
+}
+
+/* GFLOP/s of fn with nthreads running it at once, `iters` iterations each (the best of reps). */
+static double run_peak(peak_fn fn, double flops_per_iter, uint64_t iters, int nthreads, int reps) {
+  peak_job j = {fn, iters};
   double best = pab_run_parallel(nthreads, reps, peak_work, &j);
-  return flops_per_iter * (double)j.iters * nthreads / best * 1e-9;
+  return flops_per_iter * (double)iters * nthreads / best * 1e-9;
+}
+
+static double measure_peak(peak_fn fn, double flops_per_iter, int nthreads, double seconds,
+                           int reps) {
+  return run_peak(fn, flops_per_iter, calibrate_peak(fn, seconds), nthreads, reps);
 }
 
 static peak_fn pick_fma(const pab_machine *m, double *flops_per_iter) {
@@ -332,6 +339,33 @@ double pab_read_probe_gbs(pab_read_probe *p, int threads, int reps) {
   double t = pab_run_parallel(threads, reps, read_work, &p->job);
   return (double)p->job.bytes / t * 1e-9;
 }
+
+/* The peaks again, each fn's iteration count calibrated once. */
+struct pab_peak_probe {
+  peak_fn fn[3]; /* FMA, bf16 dot, AMX (NULL: n/a) */
+  double flops_per_iter[3];
+  uint64_t iters[3];
+};
+
+pab_peak_probe *pab_peak_probe_new(const pab_machine *m, double seconds) {
+  pab_peak_probe *p = pab_xmalloc(sizeof *p);
+  p->fn[0] = pick_fma(m, &p->flops_per_iter[0]);
+  p->fn[1] = pick_bf16(m, &p->flops_per_iter[1]);
+  p->fn[2] = pick_amx(m, &p->flops_per_iter[2]);
+  for (int i = 0; i < 3; i++) p->iters[i] = p->fn[i] ? calibrate_peak(p->fn[i], seconds) : 0;
+  return p;
+}
+
+void pab_peak_probe_raise(pab_peak_probe *p, int threads, int reps, pab_roof *roof) {
+  double *peak[3] = {&roof->fma_gflops, &roof->bf16_gflops, &roof->amx_gflops};
+  for (int i = 0; i < 3; i++) {
+    if (!p->fn[i]) continue;
+    double now = run_peak(p->fn[i], p->flops_per_iter[i], p->iters[i], threads, reps);
+    if (now > *peak[i]) *peak[i] = now;
+  }
+}
+
+void pab_peak_probe_free(pab_peak_probe *p) { free(p); }
 
 void pab_read_probe_free(pab_read_probe *p) {
   if (!p) return;

@@ -37,6 +37,15 @@ pab_read_probe *pab_read_probe_new(const pab_machine *m, size_t buf_bytes, int m
 double pab_read_probe_gbs(pab_read_probe *p, int threads, int reps); /* best of reps passes */
 void pab_read_probe_free(pab_read_probe *p);
 
+/* The compute peaks, measured again on demand for the same reason: on a shared machine a
+ * thread count's peak in the table can be one taken while another tenant held a core (half
+ * the FMA rate or less), against which a compute-bound row would read above 100%. */
+typedef struct pab_peak_probe pab_peak_probe;
+pab_peak_probe *pab_peak_probe_new(const pab_machine *m, double seconds); /* per run */
+/* Raises each of roof's peaks to the one measured now where that is higher (best of reps). */
+void pab_peak_probe_raise(pab_peak_probe *p, int threads, int reps, pab_roof *roof);
+void pab_peak_probe_free(pab_peak_probe *p);
+
 /* The row for a thread count (the measured one with the same count, else NULL). */
 const pab_roof *pab_roof_for(const pab_roof *roofs, int num, int threads);
 
