@@ -22,9 +22,13 @@ static void release(tensors *all) {
   for (int i = 0; i < all->count; i++) pyx_tensor_release(&all->t[i]);
 }
 
-/* Query (or output) rows: the layer's width, at least `need` rows. */
+/* Where a paged call's row count comes from. */
+#define QSL "query_start_loc"
+
+/* Query (or output) rows: the layer's width, at least `need` rows, the last entry of
+ * `bound` (query_start_loc or cu_seqlens_q). */
 static int activation_rows(const pyx_tensor *t, const char *name, const pa_layer_config *c,
-                           int64_t need, int64_t *stride) {
+                           int64_t need, const char *bound, int64_t *stride) {
   int64_t rows;
   if (pyx_tensor_activation(t, name) < 0 ||
       pyx_tensor_rows(t, name, "num_heads * head_size", (int64_t)c->num_heads * c->head_size,
@@ -32,8 +36,8 @@ static int activation_rows(const pyx_tensor *t, const char *name, const pa_layer
     return -1;
   }
   if (need > rows) {
-    pyx_invalid("%s has %lld rows; the batch has %lld query rows", name, (long long)rows,
-                (long long)need);
+    pyx_invalid("%s has %lld rows; the batch has %s[-1] = %lld query rows", name, (long long)rows,
+                bound, (long long)need);
     return -1;
   }
   return 0;
@@ -41,12 +45,12 @@ static int activation_rows(const pyx_tensor *t, const char *name, const pa_layer
 
 /* out: writable rows of query's dtype. */
 static int output_rows(const pyx_tensor *out, const pyx_tensor *query, const pa_layer_config *c,
-                       int64_t need, int64_t *stride) {
+                       int64_t need, const char *bound, int64_t *stride) {
   if (out->elem != query->elem) {
     pyx_invalid("out has dtype %s; query has %s", pyx_dtype_of(out), pyx_dtype_of(query));
     return -1;
   }
-  return activation_rows(out, "out", c, need, stride);
+  return activation_rows(out, "out", c, need, bound, stride);
 }
 
 /* lse: float32 [rows, num_heads] with dense rows; rows >= need (== need if exact). */
@@ -89,7 +93,7 @@ PyObject *pyx_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
   if (!layer || !plan_ok) return NULL;
   pyx_cache *cache = pyx_cache_arg(args[4]);
   pyx_batch *batch = cache ? pyx_batch_arg(args[5]) : NULL;
-  if (!batch) return NULL;
+  if (!batch || pyx_batch_check_columns(batch, cache->cache.block_size) < 0) return NULL;
   tensors all = {.count = 0};
   PyObject *result = NULL;
   const pa_layer_config *c = &layer->config;
@@ -97,8 +101,8 @@ PyObject *pyx_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
   float *lse;
   pyx_tensor *query = take(&all, args[3], "query", 0);
   pyx_tensor *out = query ? take(&all, args[6], "out", 1) : NULL;
-  if (out && activation_rows(query, "query", c, rows, &query_stride) == 0 &&
-      output_rows(out, query, c, rows, &out_stride) == 0 &&
+  if (out && activation_rows(query, "query", c, rows, QSL, &query_stride) == 0 &&
+      output_rows(out, query, c, rows, QSL, &out_stride) == 0 &&
       lse_arg(&all, args[7], "lse", c->num_heads, rows, 0, &lse) == 0) {
     const pa_layer *l = pyx_layer_for(layer, (pa_dtype)query->elem);
     if (l) {
@@ -161,8 +165,8 @@ PyObject *pyx_varlen_attention(PyObject *self, PyObject *const *args, Py_ssize_t
   pyx_tensor *key = query ? take(&all, args[3], "key", 0) : NULL;
   pyx_tensor *value = key ? take(&all, args[4], "value", 0) : NULL;
   pyx_tensor *out = value ? take(&all, args[7], "out", 1) : NULL;
-  if (!out || activation_rows(query, "query", c, rows, &query_stride) < 0 ||
-      output_rows(out, query, c, rows, &out_stride) < 0 ||
+  if (!out || activation_rows(query, "query", c, rows, "cu_seqlens_q", &query_stride) < 0 ||
+      output_rows(out, query, c, rows, "cu_seqlens_q", &out_stride) < 0 ||
       pyx_tensor_rows(key, "key", "num_kv_heads * head_size", kv_width, c->head_size, &key_rows,
                       &key_stride) < 0 ||
       pyx_tensor_rows(value, "value", "num_kv_heads * head_size", kv_width, c->head_size,
@@ -308,7 +312,7 @@ static PyObject *forward_args(PyObject *const *args, long calls) {
   if (!layer || !plan_ok) return NULL;
   pyx_cache *cache = pyx_cache_arg(args[6]);
   pyx_batch *batch = cache ? pyx_batch_arg(args[7]) : NULL;
-  if (!batch) return NULL;
+  if (!batch || pyx_batch_check_columns(batch, cache->cache.block_size) < 0) return NULL;
   int write = args[4] != Py_None || args[5] != Py_None;
   tensors all = {.count = 0};
   PyObject *result = NULL;
@@ -316,8 +320,8 @@ static PyObject *forward_args(PyObject *const *args, long calls) {
   int64_t rows = batch->num_rows, query_stride, out_stride, key_stride = 0, value_stride = 0;
   pyx_tensor *query = take(&all, args[3], "query", 0);
   pyx_tensor *out = query ? take(&all, args[8], "out", 1) : NULL;
-  if (!out || activation_rows(query, "query", c, rows, &query_stride) < 0 ||
-      output_rows(out, query, c, rows, &out_stride) < 0) {
+  if (!out || activation_rows(query, "query", c, rows, QSL, &query_stride) < 0 ||
+      output_rows(out, query, c, rows, QSL, &out_stride) < 0) {
     goto done;
   }
   pyx_tensor *key = NULL, *value = NULL;

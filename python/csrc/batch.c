@@ -4,6 +4,7 @@
 #include "ext.h"
 
 #include <limits.h>
+#include <stdio.h>
 
 static int int32_vector(PyObject *obj, const char *name, pyx_tensor *t) {
   if (pyx_tensor_get(obj, name, 0, t) < 0) return -1;
@@ -14,8 +15,9 @@ static int int32_vector(PyObject *obj, const char *name, pyx_tensor *t) {
   return 0;
 }
 
-/* An int32 [num_seqs, max_blocks] table with dense rows. */
-static int block_table(PyObject *obj, int64_t num_seqs, pyx_tensor *t) {
+/* An int32 [num_seqs, max_blocks] table with dense rows, spaced at least a row apart; its
+ * row stride in *stride. */
+static int block_table(PyObject *obj, int64_t num_seqs, pyx_tensor *t, int64_t *stride) {
   char shape[160];
   if (pyx_tensor_get(obj, "block_tables", 0, t) < 0) return -1;
   if (t->elem != PYX_I32) {
@@ -26,16 +28,17 @@ static int block_table(PyObject *obj, int64_t num_seqs, pyx_tensor *t) {
         "len(seq_lens) = %lld",
         pyx_shape_string(t, shape, sizeof shape), (long long)num_seqs);
   } else if ((t->shape[1] > 1 && t->strides[1] != 1) ||
-             (t->shape[0] > 1 && t->strides[0] != t->shape[1])) {
+             (t->shape[0] > 1 && t->strides[0] < t->shape[1])) {
     pyx_invalid(
         "block_tables (shape %s) has strides [%lld, %lld]; its rows must be dense and "
-        "adjacent ([%lld, 1])",
+        "apart ([>= %lld, 1])",
         pyx_shape_string(t, shape, sizeof shape), (long long)t->strides[0],
         (long long)t->strides[1], (long long)t->shape[1]);
-  } else if (t->shape[1] > INT_MAX) {
-    pyx_invalid("block_tables has %lld columns; at most %d", (long long)t->shape[1], INT_MAX);
   } else {
-    return 0;
+    *stride = t->shape[0] > 1 ? t->strides[0] : t->shape[1];
+    if (*stride <= INT_MAX) return 0;
+    pyx_invalid("block_tables has rows %lld elements apart; at most %d", (long long)*stride,
+                INT_MAX);
   }
   pyx_tensor_release(t);
   return -1;
@@ -59,7 +62,7 @@ static PyObject *batch_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwar
   }
   pyx_tensor qsl = {0}, lens = {0}, table = {0};
   PyObject *result = NULL;
-  int64_t num_seqs = 0;
+  int64_t num_seqs = 0, table_stride = 0;
   if (int32_vector(objs[1], "seq_lens", &lens) < 0) goto done;
   num_seqs = lens.shape[0];
   if (num_seqs > INT_MAX) {
@@ -70,7 +73,7 @@ static PyObject *batch_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwar
   if (qsl.shape[0] != num_seqs + 1) {
     pyx_invalid("query_start_loc has %lld entries; seq_lens has %lld, so it needs %lld",
                 (long long)qsl.shape[0], (long long)num_seqs, (long long)num_seqs + 1);
-  } else if (block_table(objs[2], num_seqs, &table) == 0) {
+  } else if (block_table(objs[2], num_seqs, &table, &table_stride) == 0) {
     pyx_batch *self = (pyx_batch *)type->tp_alloc(type, 0);
     if (self) {
       self->batch = (pa_batch){
@@ -78,8 +81,9 @@ static PyObject *batch_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwar
           .query_start_loc = (const int32_t *)qsl.data,
           .seq_lens = (const int32_t *)lens.data,
           .block_tables = (const int32_t *)table.data,
-          .block_table_stride = (int)table.shape[1],
+          .block_table_stride = (int)table_stride,
       };
+      self->columns = table.shape[1];
       self->num_rows = ((const int32_t *)qsl.data)[num_seqs];
       self->slot_mapping = objs[3] != Py_None ? (const int64_t *)slots.data : NULL;
       self->num_slots = objs[3] != Py_None ? slots.shape[0] : 0;
@@ -93,6 +97,23 @@ done:
   pyx_tensor_release(&lens);
   pyx_tensor_release(&slots);
   return result;
+}
+
+int pyx_batch_check_columns(const pyx_batch *b, int block_size) {
+  if (b->columns >= b->batch.block_table_stride || block_size < 1) return 0;
+  for (int s = 0; s < b->batch.num_seqs; s++) {
+    int64_t blocks = ((int64_t)b->batch.seq_lens[s] + block_size - 1) / block_size;
+    if (blocks > b->columns) {
+      char message[PYX_MESSAGE_SIZE];
+      snprintf(message, sizeof message,
+               "seq_lens[%d] = %d needs %lld blocks of %d tokens but block_tables has %lld "
+               "columns",
+               s, (int)b->batch.seq_lens[s], (long long)blocks, block_size, (long long)b->columns);
+      pyx_raise_status(PA_ERR_OUT_OF_RANGE, message);
+      return -1;
+    }
+  }
+  return 0;
 }
 
 static void batch_dealloc(PyObject *self) {

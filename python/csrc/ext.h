@@ -157,6 +157,7 @@ int pyx_kv_rows(const pyx_tensor *key, const pyx_tensor *value, const pa_kv_cach
 
 typedef struct pyx_batch {
   PyObject_HEAD pa_batch batch;
+  int64_t columns;             /* block_tables' columns (<= batch.block_table_stride) */
   int64_t num_rows;            /* query_start_loc[num_seqs] */
   const int64_t *slot_mapping; /* the new tokens' slots, or NULL */
   int64_t num_slots;
@@ -170,6 +171,11 @@ typedef struct pyx_plan {
 
 extern PyTypeObject pyx_batch_type, pyx_plan_type;
 pyx_batch *pyx_batch_arg(PyObject *obj);
+/* Whether every sequence's blocks of `block_size` tokens are among the block table's
+ * columns (else an out_of_range Error and -1). The library checks them against
+ * block_table_stride, which a table whose rows are spaced wider than they are long (a view
+ * of some columns of a larger table) exceeds. */
+int pyx_batch_check_columns(const pyx_batch *batch, int block_size);
 /* `obj` as a Plan or NULL for None (*ok = 0 with TypeError otherwise). */
 pyx_plan *pyx_plan_arg(PyObject *obj, int *ok);
 

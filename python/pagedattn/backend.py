@@ -70,17 +70,19 @@ class PagedAttentionBackend:
         engines pass it ("float16", "bfloat16", "float32"); the shape is the same for all."""
         if cache_dtype_str not in _UNQUANTIZED_CACHE_DTYPES:
             functions.kv_cache_dtype_code(cache_dtype_str)
+        sizes = []
         for name, value, least in (
             ("num_blocks", num_blocks, 0),
             ("block_size", block_size, 1),
             ("num_kv_heads", num_kv_heads, 1),
+            ("head_size", head_size, None),
         ):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-            if value < least:
+            value = functions.as_int(value, name)
+            if least is not None and value < least:
                 raise functions.invalid(f"{name} = {value} must be >= {least}")
-        _ext.validate_head_size(head_size)
-        return _ext.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+            sizes.append(value)
+        _ext.validate_head_size(sizes[3])
+        return _ext.kv_cache_shape(*sizes)
 
     @staticmethod
     def get_impl_cls() -> type:

@@ -192,6 +192,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_default_context)
 
 
+def as_int(value: Any, name: str) -> int:
+    """An integer argument as a Python int: an int, a numpy integer or an integer 0-d tensor
+    (anything with ``__index__``), not a bool."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+
+
 def check_tensor(value: Any, name: str, optional: bool = False) -> None:
     """TypeError naming `name` unless `value` is a torch tensor or a numpy array (or None,
     where optional). torch, optional, is only asked once imported."""
@@ -364,7 +375,8 @@ def paged_attention(
     their elements in ``layout`` (``"rows"`` or ``"tiled"``, the layout they were written in);
     sequence s owns rows ``query_start_loc[s]:query_start_loc[s + 1]`` (int32 ``[num_seqs +
     1]``) and has ``seq_lens[s]`` keys in the cache (int32, its new ones included), in the
-    blocks of ``block_tables[s]`` (int32 ``[num_seqs, max_blocks]``). Returns ``out`` (shaped as
+    blocks of ``block_tables[s]`` (int32 ``[num_seqs, max_blocks]``, its rows dense, possibly
+    the first columns of a wider table). Returns ``out`` (shaped as
     query, written in place when given) and, with ``return_lse``, the float32 ``[num_tokens,
     num_heads]`` natural-log softmax denominators.
     """
@@ -465,6 +477,8 @@ def block_cache(cache: Any, name: str, layout: str = "rows") -> _ext.KVCache:
     if isinstance(cache, (tuple, list)):
         if len(cache) != 2:
             raise invalid(f"{name} has {len(cache)} tensors; a pair is (key_cache, value_cache)")
+        check_tensor(cache[0], f"{name}[0]")
+        check_tensor(cache[1], f"{name}[1]")
         code = -1 if str(cache[0].dtype) not in ("uint8", "torch.uint8") else _FP8_E4M3
         return _ext.KVCache(cache[0], cache[1], code, 1.0, 1.0, layout)
     shape = _shape(cache, name, 3, "[2, num_blocks, block_elements] or a (key, value) pair")
@@ -488,7 +502,9 @@ def block_pairs(block_mapping: Any) -> Tensor:
         )
     if isinstance(block_mapping, Mapping):
         for src, dst in block_mapping.items():
-            targets = dst if isinstance(dst, Iterable) else (dst,)
+            # A 0-d tensor or array is iterable as far as Iterable knows, yet one id.
+            one = not isinstance(dst, Iterable) or getattr(dst, "ndim", None) == 0
+            targets = (dst,) if one else dst
             pairs.extend(_block_pair((src, d), f"block_mapping[{src!r}]") for d in targets)
     elif isinstance(block_mapping, Sequence):
         pairs = [_block_pair(p, f"block_mapping[{i}]") for i, p in enumerate(block_mapping)]
@@ -549,6 +565,30 @@ def swap_blocks(
     working pool and a swap pool); caches and mapping as in :func:`copy_blocks`. layout: the
     source's layout, dst_layout the destination's (None: the same). Blocks are copied as
     stored, so the library refuses caches of different layouts."""
+    dst_layout = layout if dst_layout is None else dst_layout
+    _check_swap_forms(src_kv_cache, dst_kv_cache)
     src = block_cache(src_kv_cache, "src_kv_cache", layout)
-    dst = block_cache(dst_kv_cache, "dst_kv_cache", layout if dst_layout is None else dst_layout)
+    dst = block_cache(dst_kv_cache, "dst_kv_cache", dst_layout)
     _ext.swap_blocks(ctx or default_context(), src, dst, block_pairs(block_mapping))
+
+
+def _check_swap_forms(src: Any, dst: Any) -> None:
+    """The mismatches of a swap that the library, which sees a backend tensor's blocks as
+    tiles of a geometry made up for them (block_cache), would describe in those terms."""
+    pair = isinstance(src, (tuple, list)), isinstance(dst, (tuple, list))
+    if pair[0] != pair[1]:
+        forms = ("a [2, num_blocks, block_elements] tensor", "a (key_cache, value_cache) pair")
+        raise invalid(
+            f"src_kv_cache is {forms[pair[0]]} and dst_kv_cache {forms[pair[1]]}: a swap "
+            "copies blocks between caches of one form"
+        )
+    if pair[0]:
+        return  # the pairs' own geometries are the library's to compare
+    for name, cache in (("src_kv_cache", src), ("dst_kv_cache", dst)):
+        _shape(cache, name, 3, "[2, num_blocks, block_elements] or a (key, value) pair")
+    src_dtype, dst_dtype = (str(c.dtype).removeprefix("torch.") for c in (src, dst))
+    if src.shape[2] != dst.shape[2] or src_dtype != dst_dtype:
+        raise invalid(
+            f"dst_kv_cache holds blocks of {dst.shape[2]} {dst_dtype} elements, src_kv_cache "
+            f"blocks of {src.shape[2]} {src_dtype} elements: a swap copies blocks as they are"
+        )

@@ -24,13 +24,27 @@ from .metadata import PagedAttentionMetadata, step_key
 
 Tensor = Any
 
+_FP8_NAMES = ("fp8_e4m3", "fp8_e5m2")
 
-def _scale_key(scale: Any) -> Any:
-    """What identifies a scale's value: the float itself, or a tensor and its version (so that
-    an engine recalibrating its scale in place is seen)."""
-    if isinstance(scale, (int, float)):
+
+def _scale_key(scale: Any, name: str) -> Any:
+    """What identifies a scale's value: a torch tensor and its version (so that an engine
+    recalibrating its scale in place is seen without reading it), else the value itself (a
+    number or a numpy scalar or 0-d array)."""
+    version = getattr(scale, "_version", None)
+    if version is not None:
+        return (id(scale), version)
+    return _scale_value(scale, name)
+
+
+def _scale_value(scale: Any, name: str) -> float:
+    """A scale as a float (a number, or a one-element tensor or array)."""
+    try:
         return float(scale)
-    return (id(scale), scale._version)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name} must be a number or a one-element tensor, not {type(scale).__name__}"
+        ) from None
 
 
 class PagedAttentionImpl:
@@ -101,17 +115,20 @@ class PagedAttentionImpl:
         self._cross = attn_type == AttentionType.ENCODER_DECODER
         self._step_key = step_key(self._ctx, self._geometry, self._cross)
         self._writes = kv_sharing_target_layer_name is None
-        self._fp8 = self._cache_code != -1
         self.kv_cache_layout = kv_cache_layout
         # The layout in use: kv_cache_layout, or what "auto" chose at the first cache.
         self.cache_layout: str | None = None if kv_cache_layout == "auto" else kv_cache_layout
-        # The last cache seen: (kv_cache, its data pointer, scale keys, KVCache or None if empty).
+        # The last cache seen: (kv_cache, its data pointer, scale keys (None unless FP8),
+        # KVCache or None if empty).
         self._cache_entry: tuple | None = None
 
     def _scale_keys(self, layer: Any) -> tuple[Any, Any]:
         if layer is None:
             return (1.0, 1.0)
-        return (_scale_key(layer._k_scale), _scale_key(layer._v_scale))
+        return (
+            _scale_key(layer._k_scale, "layer._k_scale"),
+            _scale_key(layer._v_scale, "layer._v_scale"),
+        )
 
     def _choose_layout(self, query: Tensor, kv_cache: Tensor) -> str:
         """What "auto" means for this cache: the layout the kernels read fastest for the
@@ -130,9 +147,14 @@ class PagedAttentionImpl:
         head_size]`` (None for an empty one: a profiling run), remembered with what it was
         made from: the tensor, its data pointer and (FP8) the layer's scales. The first one
         fixes the layout for the impl's life."""
+        # FP8 bytes by kv_cache_dtype, or an FP8 tensor under "auto": scaled either way.
+        fp8 = cache_dtype_name(kv_cache.dtype, self.kv_cache_dtype) in _FP8_NAMES
         scales = (1.0, 1.0)
-        if self._fp8 and layer is not None:
-            scales = (float(layer._k_scale), float(layer._v_scale))
+        if fp8 and layer is not None:
+            scales = (
+                _scale_value(layer._k_scale, "layer._k_scale"),
+                _scale_value(layer._v_scale, "layer._v_scale"),
+            )
         cache = None
         if _elements(kv_cache) > 0:
             if self.cache_layout is None:
@@ -145,7 +167,7 @@ class PagedAttentionImpl:
                 *scales,
                 self.cache_layout,
             )
-        keys = self._scale_keys(layer) if self._fp8 else None
+        keys = self._scale_keys(layer) if fp8 else None
         self._cache_entry = (kv_cache, _address(kv_cache), keys, cache)
         return cache
 
@@ -183,7 +205,7 @@ class PagedAttentionImpl:
                     entry is not None
                     and entry[0] is kv_cache
                     and entry[1] == _address(kv_cache)
-                    and (not self._fp8 or entry[2] == self._scale_keys(layer))
+                    and (entry[2] is None or entry[2] == self._scale_keys(layer))
                 ):
                     cache = entry[3]
                 else:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import _ext
-from .functions import Context, Error, check_tensor, invalid
+from .functions import Context, Error, as_int, check_tensor, invalid
 
 Tensor = Any  # a torch.Tensor or a numpy.ndarray
 
@@ -207,8 +207,7 @@ class PagedAttentionMetadataBuilder:
     tables (lists or tensors)."""
 
     def __init__(self, block_size: int) -> None:
-        if not isinstance(block_size, int) or isinstance(block_size, bool):
-            raise TypeError(f"block_size must be an int, not {type(block_size).__name__}")
+        block_size = as_int(block_size, "block_size")
         if block_size < 1:
             raise invalid(f"block_size = {block_size} must be >= 1")
         self.block_size = block_size

@@ -28,11 +28,13 @@ from pagedattn import (
 
 
 class ScaledLayer:
-    """What an engine passes as `layer`: its FP8 scales as 0-d tensors."""
+    """What an engine passes as `layer`: its FP8 scales as 0-d tensors (or as numpy float32
+    scalars, or Python floats)."""
 
-    def __init__(self, k_scale: float, v_scale: float):
-        self._k_scale = torch.tensor(k_scale)
-        self._v_scale = torch.tensor(v_scale)
+    def __init__(self, k_scale: float, v_scale: float, kind: str = "tensor"):
+        make = {"tensor": torch.tensor, "numpy": np.float32, "float": float}[kind]
+        self._k_scale = make(k_scale)
+        self._v_scale = make(v_scale)
 
 
 def test_backend_description():
@@ -141,12 +143,14 @@ def check_cache_holds(
 
 
 @pytest.mark.parametrize("kv_cache_layout", ["auto", "tiled"])
-@pytest.mark.parametrize("kind", ["auto", "fp8", "fp8_e5m2", "f32-cache"])
+@pytest.mark.parametrize("kind", ["auto", "fp8", "fp8_e5m2", "f32-cache", "fp8-tensor"])
 def test_forward_engine_steps(seed, kind, kv_cache_layout):
     """An engine's steps: prompts (one chunked over two steps), then decodes; two layers (one
-    with a sliding window and sinks) share each step's metadata and plan. "auto": the layout
-    kv_layout_preferred gives (bf16 over a bf16 or FP8 cache and f16 over FP8 may be tiled on
-    the amx path); "tiled": block sizes 16, 32, 128 and head sizes 64, 80, 128."""
+    with a sliding window and sinks) share each step's metadata and plan. "fp8-tensor": a
+    float8 cache under kv_cache_dtype "auto", whose format is the tensor's and whose scales
+    are the layer's all the same. "auto": the layout kv_layout_preferred gives (bf16 over a
+    bf16 or FP8 cache and f16 over FP8 may be tiled on the amx path); "tiled": block sizes
+    16, 32, 128 and head sizes 64, 80, 128."""
     rng = random.Random(seed)
     tiled = kv_cache_layout == "tiled"
     for case in range(cases(6 if not tiled else 4)):
@@ -154,11 +158,14 @@ def test_forward_engine_steps(seed, kind, kv_cache_layout):
         heads, kv_heads = rng.choice([(4, 2), (7, 1), (2, 2), (8, 1)])
         d = rng.choice([64, 80, 128] if tiled else [32, 64, 80, 128, 20])
         block_size = rng.choice([16, 32, 128] if tiled else [1, 16, 17, 5])
-        kv_cache_dtype = "auto" if kind in ("auto", "f32-cache") else kind
+        kv_cache_dtype = "auto" if kind in ("auto", "f32-cache", "fp8-tensor") else kind
         fp8 = FP8.get(kv_cache_dtype)
         storage = torch.uint8 if fp8 else (torch.float32 if kind == "f32-cache" else act)
+        if kind == "fp8-tensor":
+            fp8 = storage = rng.choice([torch.float8_e4m3fn, torch.float8_e5m2])
         scales = (rng.uniform(0.02, 0.1), rng.uniform(0.02, 0.1)) if fp8 else (1.0, 1.0)
-        layer_obj = ScaledLayer(*scales) if fp8 else None
+        scale_kind = rng.choice(["tensor", "tensor", "numpy", "float"])
+        layer_obj = ScaledLayer(*scales, scale_kind) if fp8 else None
         prompt_lens = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
         max_blocks = (max(prompt_lens) + 8 + block_size - 1) // block_size
         num_blocks = len(prompt_lens) * max_blocks + 2
@@ -209,7 +216,7 @@ def test_forward_engine_steps(seed, kind, kv_cache_layout):
                     else None
                 )
                 result = impl.forward(layer_obj, query, key, value, kv_cache, md, output=output)
-                cache_dtype = kv_cache_dtype if fp8 else storage
+                cache_dtype = kv_cache_dtype if kv_cache_dtype != "auto" else storage
                 chosen = pagedattn.kv_layout_preferred(act, cache_dtype, block_size, d)
                 layout = kv_cache_layout if tiled else chosen
                 assert impl.cache_layout == layout, (label, impl.cache_layout)

@@ -195,7 +195,7 @@ CATALOGUE = [
         lambda w: attend(w, query_start_loc=torch.tensor([0, 2], dtype=torch.int32)),
         pagedattn.Error,
         "invalid_argument",
-        r"query has 1 rows; the batch has 2 query rows",
+        r"query has 1 rows; the batch has query_start_loc\[-1\] = 2 query rows",
     ),
     (
         "out read-only (numpy)",
@@ -439,7 +439,9 @@ def test_forward_refuses_before_writing():
         impl.forward(None, q, k, v, kv_cache, bad, output=output)
     assert info.value.status == "out_of_range"
     assert torch.equal(kv_cache, before) and torch.equal(output, torch.full((2, H * D), 3.0))
-    with pytest.raises(pagedattn.Error, match=r"out has 1 rows; the batch has 2 query rows"):
+    with pytest.raises(
+        pagedattn.Error, match=r"out has 1 rows; the batch has query_start_loc\[-1\] = 2 query rows"
+    ):
         impl.forward(None, q, k, v, kv_cache, md, output=output[:1])
     assert torch.equal(kv_cache, before)
     with pytest.raises(pagedattn.Error, match=r"slot_mapping\[0\] = 99 is outside"):
@@ -789,3 +791,56 @@ def test_impl_layout_errors():
         impl.forward(None, q, k, v, kv_cache, md, output=output)
     assert e.value.status == "unsupported"
     assert torch.equal(kv_cache, before) and torch.equal(output, torch.full((2, H * d), 3.0))
+
+
+def test_block_tables_of_a_wider_table():
+    """Rows spaced wider than they are long (the first columns of a larger table) are read in
+    place, and a sequence whose blocks run past the view's columns is refused: the library
+    alone would read on into the next columns."""
+    w = make_world(BS, D, 11)
+    query = torch.randn((2, H, D))
+    wide = torch.tensor([[3, 1, 5], [2, 0, 4]], dtype=torch.int32)
+    qsl, lens = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([6, 5], dtype=torch.int32)
+    args = (query, w["key_cache"], w["value_cache"], qsl, lens)
+    dense = pagedattn.paged_attention(*args, wide[:, :2].contiguous())
+    assert torch.equal(pagedattn.paged_attention(*args, wide[:, :2]), dense)
+    out = torch.full((2, H, D), 7.0)
+    with pytest.raises(
+        pagedattn.Error,
+        match=r"seq_lens\[0\] = 6 needs 2 blocks of 4 tokens but block_tables has 1 columns",
+    ) as info:
+        pagedattn.paged_attention(*args, wide[:, :1], out=out)
+    assert info.value.status == "out_of_range"
+    assert torch.equal(out, torch.full((2, H, D), 7.0))
+    with pytest.raises(pagedattn.Error, match=r"block_tables .* has strides \[1, 2\]"):
+        pagedattn.paged_attention(*args, wide.t()[:2, :2].t().contiguous().t())
+
+
+def test_cache_pairs_of_the_wrong_kind():
+    with pytest.raises(
+        TypeError, match=r"kv_caches\[0\]\[0\] must be a torch.Tensor or a numpy array, not list"
+    ):
+        pagedattn.copy_blocks([([1], [2])], {0: 1})
+
+
+def test_swaps_between_unlike_caches_name_the_callers_terms():
+    flat = torch.zeros(PagedAttentionBackend.get_kv_cache_shape(NB, BS, KVH, D))
+    pair = (torch.zeros((NB, KVH, BS, D)), torch.zeros((NB, KVH, BS, D)))
+    with pytest.raises(pagedattn.Error, match=r"src_kv_cache is a \[2, num_blocks, block_el"):
+        pagedattn.swap_blocks(flat, pair, {0: 1})
+    other = torch.zeros((2, NB, BS * KVH * D), dtype=torch.bfloat16)
+    with pytest.raises(
+        pagedattn.Error,
+        match=r"dst_kv_cache holds blocks of 128 bfloat16 elements, src_kv_cache blocks of 128 "
+        r"float32 elements",
+    ):
+        pagedattn.swap_blocks(flat, other, {0: 1})
+    assert not flat.any() and not other.any()
+
+
+def test_sizes_take_numpy_integers():
+    shape = PagedAttentionBackend.get_kv_cache_shape(np.int64(10), np.int32(16), 4, np.int64(64))
+    assert shape == (2, 10, 16 * 4 * 64) and all(type(n) is int for n in shape)
+    assert PagedAttentionMetadataBuilder(np.int64(4)).block_size == 4
+    with pytest.raises(TypeError, match=r"block_size must be an int, not bool"):
+        PagedAttentionMetadataBuilder(True)

@@ -155,9 +155,14 @@ def run_paged_case(
     if give_out:
         buffer = torch.full((num_tokens, heads * d + 8), float("nan"), dtype=act)
         out = buffer[:, : heads * d].view(num_tokens, heads, d)
+    tables = batch.block_tables_t
+    if rng.random() < 0.3:  # the first columns of a wider table, whose rest is not block ids
+        wide = torch.full((tables.shape[0], tables.shape[1] + 3), -7, dtype=torch.int32)
+        wide[:, : tables.shape[1]] = tables
+        tables = wide[:, : tables.shape[1]]
     result, lse = pagedattn.paged_attention(
         query, cache.key, cache.value, batch.query_start_loc, batch.seq_lens_t,
-        batch.block_tables_t, attn_type=attn_type, kv_cache_dtype=kv_cache_dtype,
+        tables, attn_type=attn_type, kv_cache_dtype=kv_cache_dtype,
         k_scale=k_scale, v_scale=v_scale, out=out, return_lse=True, layout=kv_layout,
         **features,
     )  # fmt: skip
@@ -400,7 +405,7 @@ def test_copy_and_swap_blocks(seed):
         for w in want:
             for src, dst in pairs:  # in order: chains and repeats mean what they mean sequentially
                 w[:, dst] = w[:, src].clone()
-        form = rng.choice(["tensor", "dict", "list"])
+        form = rng.choice(["tensor", "dict", "list", "0-d"])
         mapping = (
             torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2)
             if form == "tensor"
@@ -408,6 +413,8 @@ def test_copy_and_swap_blocks(seed):
             if form == "list"
             else None
         )
+        if form == "0-d":  # ids as 0-d tensors and numpy integers: one entry per pair, in order
+            mapping = {torch.tensor(src): np.int64(dst) for src, dst in pairs}
         if form == "dict":
             mapping = {}
             for src, dst in pairs:
