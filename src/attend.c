@@ -97,9 +97,17 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
 /* Items with at least the dtype pair's packed_min_rows rows per KV head
  * pack each K/V tile once for all of them; fewer rows read the cache rows
  * directly (see pa_attn_ops). */
-static int item_is_packed(const pa_attention_call *c, const pa_plan_item *item) {
-  return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin) >= c->ops->packed_min_rows;
+static size_t rows_per_kv_head(const pa_plan_item *item) {
+  return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin);
 }
+
+static int item_is_packed(const pa_attention_call *c, const pa_plan_item *item) {
+  return rows_per_kv_head(item) >= c->ops->packed_min_rows;
+}
+
+/* Rows per KV head from which a packed item's requests go into L1 where
+ * the direct items' go into L2 (pa_kernels.prefetch_to_l2). */
+enum { PA_PACKED_L1_ROWS = 28 };
 
 /* Items whose cache rows the direct kernels (pa_attn_ops.qk and .pv) read:
  * neither packed nor over a tiled cache. Every other item's Q goes through
@@ -671,10 +679,13 @@ static void attend_item(const pa_attention_call *c, const pa_plan_item *item, in
   const void **spare[2][2] = {{s.k_rows + 2 * lds_tile, s.v_rows + 2 * lds_tile},
                               {s.k_rows + 3 * lds_tile, s.v_rows + 3 * lds_tile}};
   int current = 0;
-  /* The packed tiles request less per key and want the lines in L1 even
-   * where the direct ones request into L2 (docs/decode-memory.md, "Zen 4:
-   * requests into L2"). */
-  int to_l2 = c->kernels->prefetch_to_l2 && !item_is_packed(c, item);
+  /* Packed tiles of many rows per KV head request less per unit of work
+   * and want the lines in L1 even where the direct ones request into L2;
+   * those of few rows, as many requests for a quarter of the work, want L2
+   * too (docs/decode-memory.md, "Zen 4: requests into L2", "Zen 4: packed
+   * tiles of 16 rows"). */
+  int to_l2 = c->kernels->prefetch_to_l2 &&
+              (!item_is_packed(c, item) || rows_per_kv_head(item) < PA_PACKED_L1_ROWS);
   /* The tiles' kernels of a direct item request its reads just ahead
    * (attend_tile), except in an item of one tile, mostly per-call work,
    * which the requests cost more than they save (docs/xeon-amx.md). */
