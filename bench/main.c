@@ -387,8 +387,8 @@ int main(int argc, char **argv) {
 
   pab_timing timing = {o.repeats, 1, o.quick ? 0.01 : 0.5, o.quick ? 1 : 3, o.quick ? 20 : 2000};
   /* Rows are judged against the larger of the table's bandwidth (memory-bound rows) or peaks
-   * (compute-bound ones; rows bound by either, both) and those measured just before the row:
-   * the machine drifts over a run when others share it. */
+   * (compute-bound ones; rows bound by either, both) and those measured just before and just
+   * after the row: the machine drifts over a run when others share it. */
   int max_threads = 1;
   for (int t = 0; t < o.num_threads; t++)
     if (o.threads[t] > max_threads) max_threads = o.threads[t];
@@ -423,18 +423,20 @@ int main(int argc, char **argv) {
          * machine with the timed native calls. */
         pa_context *cx = pass ? make_context(o.threads[t], "scalar") : ctx[t];
         int threads = pa_context_num_threads(cx);
-        double probe_gbs = 0;
-        if (probe && c->bound != PAB_BOUND_COMPUTE && c->cold && !pass) {
-          probe_gbs = pab_read_probe_gbs(probe, threads, 3);
-        }
         const pab_roof *found = pab_roof_for(roofs, o.num_threads, threads);
         pab_roof roof = found ? *found : roofs[t];
-        if (probe_gbs > roof.read_gbs) roof.read_gbs = probe_gbs;
-        if (peaks && c->bound != PAB_BOUND_MEMORY && !pass) {
-          pab_peak_probe_raise(peaks, threads, 3, &roof);
-        }
+        int reprobe_read = probe && c->bound != PAB_BOUND_COMPUTE && c->cold && !pass;
+        int reprobe_peaks = peaks && c->bound != PAB_BOUND_MEMORY && !pass;
         pab_result res;
-        pab_data_time(d, cx, pass ? &scalar_timing : &timing, &res);
+        /* Before and after the timing: the machine can change under a row either way. */
+        for (int when = 0; when < 2; when++) {
+          if (reprobe_read) {
+            double gbs = pab_read_probe_gbs(probe, threads, 3);
+            if (gbs > roof.read_gbs) roof.read_gbs = gbs;
+          }
+          if (reprobe_peaks) pab_peak_probe_raise(peaks, threads, 3, &roof);
+          if (when == 0) pab_data_time(d, cx, pass ? &scalar_timing : &timing, &res);
+        }
         pab_row row;
         memset(&row, 0, sizeof row);
         row.isa = pa_context_kernel_path(cx);

@@ -31,7 +31,7 @@ void pab_roofline_measure(const pab_machine *m, const int *threads, int num_thre
                           size_t buf_bytes, double seconds, int reps, pab_roof *out);
 
 /* Streaming-read bandwidth, measured again on demand: a machine shared with others drifts
- * over a run, so a memory-bound row is judged against a measurement taken just before it. */
+ * over a run, so a memory-bound row is judged against measurements taken around it. */
 typedef struct pab_read_probe pab_read_probe;
 pab_read_probe *pab_read_probe_new(const pab_machine *m, size_t buf_bytes, int max_threads);
 double pab_read_probe_gbs(pab_read_probe *p, int threads, int reps); /* best of reps passes */
