@@ -72,8 +72,9 @@ static void header_table(const pab_header *h) {
       "  the FMA or the bf16 dot for 16-bit rows, and AMX for bf16 rows on the amx path;\n"
       "  amx/2, half of it, for f16 over a tiled FP8 cache, whose products go twice);\n"
       "  max = max(bytes/bw, flops/peak) over the time (mixed, speculative decode).\n"
-      "  Each row uses the largest of the table's figures and those measured just before and\n"
-      "  after it (read GB/s for DRAM rows, the peaks for the others: a shared machine drifts).\n"
+      "  DRAM rows use the largest of the table's read GB/s and those measured just before and\n"
+      "  after the row, compute-bound and mixed rows the same of the peaks (a shared machine\n"
+      "  drifts over a run).\n"
       "mem: where a decode row's K/V come from on each call (L2/L3 when they fit and are\n"
       "  reused, else DRAM).\n",
       stdout);

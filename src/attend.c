@@ -94,13 +94,13 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
   if (lse) *lse = top * PA_LN2 + logf(total);
 }
 
-/* Items with at least the dtype pair's packed_min_rows rows per KV head
- * pack each K/V tile once for all of them; fewer rows read the cache rows
- * directly (see pa_attn_ops). */
 static size_t rows_per_kv_head(const pa_plan_item *item) {
   return pa_item_rows(item) / (size_t)(item->kv_end - item->kv_begin);
 }
 
+/* Items with at least the dtype pair's packed_min_rows rows per KV head
+ * pack each K/V tile once for all of them; fewer rows read the cache rows
+ * directly (see pa_attn_ops). */
 static int item_is_packed(const pa_attention_call *c, const pa_plan_item *item) {
   return rows_per_kv_head(item) >= c->ops->packed_min_rows;
 }

@@ -26,7 +26,8 @@ static void release(tensors *all) {
 #define QSL "query_start_loc"
 
 /* Query (or output) rows: the layer's width, at least `need` rows, the last entry of
- * `bound` (query_start_loc or cu_seqlens_q). */
+ * `bound` (query_start_loc; NULL for a varlen call, whose offsets are cu_seqlens_q or, from
+ * the impl, the metadata's query_start_loc). */
 static int activation_rows(const pyx_tensor *t, const char *name, const pa_layer_config *c,
                            int64_t need, const char *bound, int64_t *stride) {
   int64_t rows;
@@ -35,9 +36,14 @@ static int activation_rows(const pyx_tensor *t, const char *name, const pa_layer
                       c->head_size, &rows, stride) < 0) {
     return -1;
   }
-  if (need > rows) {
+  if (need > rows && bound) {
     pyx_invalid("%s has %lld rows; the batch has %s[-1] = %lld query rows", name, (long long)rows,
                 bound, (long long)need);
+    return -1;
+  }
+  if (need > rows) {
+    pyx_invalid("%s has %lld rows; the batch's last query offset is %lld", name, (long long)rows,
+                (long long)need);
     return -1;
   }
   return 0;
@@ -165,8 +171,8 @@ PyObject *pyx_varlen_attention(PyObject *self, PyObject *const *args, Py_ssize_t
   pyx_tensor *key = query ? take(&all, args[3], "key", 0) : NULL;
   pyx_tensor *value = key ? take(&all, args[4], "value", 0) : NULL;
   pyx_tensor *out = value ? take(&all, args[7], "out", 1) : NULL;
-  if (!out || activation_rows(query, "query", c, rows, "cu_seqlens_q", &query_stride) < 0 ||
-      output_rows(out, query, c, rows, "cu_seqlens_q", &out_stride) < 0 ||
+  if (!out || activation_rows(query, "query", c, rows, NULL, &query_stride) < 0 ||
+      output_rows(out, query, c, rows, NULL, &out_stride) < 0 ||
       pyx_tensor_rows(key, "key", "num_kv_heads * head_size", kv_width, c->head_size, &key_rows,
                       &key_stride) < 0 ||
       pyx_tensor_rows(value, "value", "num_kv_heads * head_size", kv_width, c->head_size,

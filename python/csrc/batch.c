@@ -30,15 +30,15 @@ static int block_table(PyObject *obj, int64_t num_seqs, pyx_tensor *t, int64_t *
   } else if ((t->shape[1] > 1 && t->strides[1] != 1) ||
              (t->shape[0] > 1 && t->strides[0] < t->shape[1])) {
     pyx_invalid(
-        "block_tables (shape %s) has strides [%lld, %lld]; its rows must be dense and "
-        "apart ([>= %lld, 1])",
+        "block_tables (shape %s) has strides [%lld, %lld]; it needs a column stride of 1 and "
+        "a row stride >= %lld",
         pyx_shape_string(t, shape, sizeof shape), (long long)t->strides[0],
         (long long)t->strides[1], (long long)t->shape[1]);
   } else {
     *stride = t->shape[0] > 1 ? t->strides[0] : t->shape[1];
     if (*stride <= INT_MAX) return 0;
-    pyx_invalid("block_tables has rows %lld elements apart; at most %d", (long long)*stride,
-                INT_MAX);
+    pyx_invalid("block_tables has a row stride or width of %lld elements; at most %d",
+                (long long)*stride, INT_MAX);
   }
   pyx_tensor_release(t);
   return -1;

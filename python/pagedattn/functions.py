@@ -194,8 +194,9 @@ if hasattr(os, "register_at_fork"):
 
 def as_int(value: Any, name: str) -> int:
     """An integer argument as a Python int: an int, a numpy integer or an integer 0-d tensor
-    (anything with ``__index__``), not a bool."""
-    if not isinstance(value, bool):
+    or array, not a bool (nor a bool tensor or array)."""
+    is_bool = isinstance(value, (bool, np.bool_)) or "bool" in str(getattr(value, "dtype", ""))
+    if not is_bool and getattr(value, "ndim", 0) == 0:
         try:
             return operator.index(value)
         except TypeError:
@@ -566,16 +567,16 @@ def swap_blocks(
     source's layout, dst_layout the destination's (None: the same). Blocks are copied as
     stored, so the library refuses caches of different layouts."""
     dst_layout = layout if dst_layout is None else dst_layout
-    _check_swap_forms(src_kv_cache, dst_kv_cache)
     src = block_cache(src_kv_cache, "src_kv_cache", layout)
     dst = block_cache(dst_kv_cache, "dst_kv_cache", dst_layout)
+    _check_swap_forms(src_kv_cache, dst_kv_cache, src, dst)
     _ext.swap_blocks(ctx or default_context(), src, dst, block_pairs(block_mapping))
 
 
-def _check_swap_forms(src: Any, dst: Any) -> None:
+def _check_swap_forms(src_kv_cache: Any, dst_kv_cache: Any, src: Any, dst: Any) -> None:
     """The mismatches of a swap that the library, which sees a backend tensor's blocks as
     tiles of a geometry made up for them (block_cache), would describe in those terms."""
-    pair = isinstance(src, (tuple, list)), isinstance(dst, (tuple, list))
+    pair = isinstance(src_kv_cache, (tuple, list)), isinstance(dst_kv_cache, (tuple, list))
     if pair[0] != pair[1]:
         forms = ("a [2, num_blocks, block_elements] tensor", "a (key_cache, value_cache) pair")
         raise invalid(
@@ -584,11 +585,9 @@ def _check_swap_forms(src: Any, dst: Any) -> None:
         )
     if pair[0]:
         return  # the pairs' own geometries are the library's to compare
-    for name, cache in (("src_kv_cache", src), ("dst_kv_cache", dst)):
-        _shape(cache, name, 3, "[2, num_blocks, block_elements] or a (key, value) pair")
-    src_dtype, dst_dtype = (str(c.dtype).removeprefix("torch.") for c in (src, dst))
-    if src.shape[2] != dst.shape[2] or src_dtype != dst_dtype:
+    src_block, dst_block = (c.block_size * c.head_size for c in (src, dst))
+    if src_block != dst_block or src.dtype != dst.dtype:
         raise invalid(
-            f"dst_kv_cache holds blocks of {dst.shape[2]} {dst_dtype} elements, src_kv_cache "
-            f"blocks of {src.shape[2]} {src_dtype} elements: a swap copies blocks as they are"
+            f"dst_kv_cache holds blocks of {dst_block} {dst.dtype} elements, src_kv_cache "
+            f"blocks of {src_block} {src.dtype} elements: a swap copies blocks as they are"
         )

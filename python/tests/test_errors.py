@@ -831,16 +831,27 @@ def test_swaps_between_unlike_caches_name_the_callers_terms():
     other = torch.zeros((2, NB, BS * KVH * D), dtype=torch.bfloat16)
     with pytest.raises(
         pagedattn.Error,
-        match=r"dst_kv_cache holds blocks of 128 bfloat16 elements, src_kv_cache blocks of 128 "
-        r"float32 elements",
+        match=r"dst_kv_cache holds blocks of 128 bf16 elements, src_kv_cache blocks of 128 "
+        r"f32 elements",
     ):
         pagedattn.swap_blocks(flat, other, {0: 1})
     assert not flat.any() and not other.any()
+    # FP8 bytes as uint8 and as float8 are one cache dtype to the library.
+    raw = torch.arange(2 * NB * 8, dtype=torch.uint8).reshape(2, NB, 8)
+    fp8 = torch.zeros((2, NB, 8), dtype=torch.float8_e4m3fn)
+    pagedattn.swap_blocks(raw, fp8, {2: 0})
+    assert torch.equal(fp8.view(torch.uint8)[:, 0], raw[:, 2])
 
 
 def test_sizes_take_numpy_integers():
     shape = PagedAttentionBackend.get_kv_cache_shape(np.int64(10), np.int32(16), 4, np.int64(64))
     assert shape == (2, 10, 16 * 4 * 64) and all(type(n) is int for n in shape)
     assert PagedAttentionMetadataBuilder(np.int64(4)).block_size == 4
-    with pytest.raises(TypeError, match=r"block_size must be an int, not bool"):
-        PagedAttentionMetadataBuilder(True)
+    assert PagedAttentionMetadataBuilder(torch.tensor(8)).block_size == 8
+    for bad, kind in (
+        (True, "bool"),
+        (torch.tensor(True), "Tensor"),
+        (torch.tensor([4]), "Tensor"),
+    ):
+        with pytest.raises(TypeError, match=rf"block_size must be an int, not {kind}"):
+            PagedAttentionMetadataBuilder(bad)

@@ -413,8 +413,9 @@ def test_copy_and_swap_blocks(seed):
             if form == "list"
             else None
         )
-        if form == "0-d":  # ids as 0-d tensors and numpy integers: one entry per pair, in order
-            mapping = {torch.tensor(src): np.int64(dst) for src, dst in pairs}
+        if form == "0-d":  # ids as 0-d tensors (keys unequal as objects) and arrays
+            values = (torch.tensor, np.array)
+            mapping = {torch.tensor(src): rng.choice(values)(dst) for src, dst in pairs}
         if form == "dict":
             mapping = {}
             for src, dst in pairs:
