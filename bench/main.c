@@ -319,6 +319,16 @@ static void fill_row(pab_row *r, const pab_case *c, const pab_metrics *m, const 
   }
 }
 
+/* Raises roof's bandwidth (probe) and peaks (peaks) to those measured now, where higher;
+ * either may be NULL. */
+static void raise_roof(pab_read_probe *probe, pab_peak_probe *peaks, int threads, pab_roof *roof) {
+  if (probe) {
+    double gbs = pab_read_probe_gbs(probe, threads, 3);
+    if (gbs > roof->read_gbs) roof->read_gbs = gbs;
+  }
+  if (peaks) pab_peak_probe_raise(peaks, threads, 3, roof);
+}
+
 int main(int argc, char **argv) {
   options o;
   parse_args(&o, argc, argv);
@@ -429,14 +439,9 @@ int main(int argc, char **argv) {
         int reprobe_peaks = peaks && c->bound != PAB_BOUND_MEMORY && !pass;
         pab_result res;
         /* Before and after the timing: the machine can change under a row either way. */
-        for (int when = 0; when < 2; when++) {
-          if (reprobe_read) {
-            double gbs = pab_read_probe_gbs(probe, threads, 3);
-            if (gbs > roof.read_gbs) roof.read_gbs = gbs;
-          }
-          if (reprobe_peaks) pab_peak_probe_raise(peaks, threads, 3, &roof);
-          if (when == 0) pab_data_time(d, cx, pass ? &scalar_timing : &timing, &res);
-        }
+        raise_roof(reprobe_read ? probe : NULL, reprobe_peaks ? peaks : NULL, threads, &roof);
+        pab_data_time(d, cx, pass ? &scalar_timing : &timing, &res);
+        raise_roof(reprobe_read ? probe : NULL, reprobe_peaks ? peaks : NULL, threads, &roof);
         pab_row row;
         memset(&row, 0, sizeof row);
         row.isa = pa_context_kernel_path(cx);

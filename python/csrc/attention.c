@@ -22,12 +22,12 @@ static void release(tensors *all) {
   for (int i = 0; i < all->count; i++) pyx_tensor_release(&all->t[i]);
 }
 
-/* Where a paged call's row count comes from. */
-#define QSL "query_start_loc"
+/* Where a paged call's row count comes from, as its error message names it. */
+#define QSL "query_start_loc[-1] = "
 
-/* Query (or output) rows: the layer's width, at least `need` rows, the last entry of
- * `bound` (query_start_loc; NULL for a varlen call, whose offsets are cu_seqlens_q or, from
- * the impl, the metadata's query_start_loc). */
+/* Query (or output) rows: the layer's width, at least `need` rows, named by `bound` in the
+ * message (QSL; NULL for a varlen call, whose offsets are cu_seqlens_q or, from the impl,
+ * the metadata's query_start_loc). */
 static int activation_rows(const pyx_tensor *t, const char *name, const pa_layer_config *c,
                            int64_t need, const char *bound, int64_t *stride) {
   int64_t rows;
@@ -36,14 +36,9 @@ static int activation_rows(const pyx_tensor *t, const char *name, const pa_layer
                       c->head_size, &rows, stride) < 0) {
     return -1;
   }
-  if (need > rows && bound) {
-    pyx_invalid("%s has %lld rows; the batch has %s[-1] = %lld query rows", name, (long long)rows,
-                bound, (long long)need);
-    return -1;
-  }
   if (need > rows) {
-    pyx_invalid("%s has %lld rows; the batch's last query offset is %lld", name, (long long)rows,
-                (long long)need);
+    pyx_invalid("%s has %lld rows; the batch has %s%lld query rows", name, (long long)rows,
+                bound ? bound : "", (long long)need);
     return -1;
   }
   return 0;

@@ -4,7 +4,6 @@
 #include "ext.h"
 
 #include <limits.h>
-#include <stdio.h>
 
 static int int32_vector(PyObject *obj, const char *name, pyx_tensor *t) {
   if (pyx_tensor_get(obj, name, 0, t) < 0) return -1;
@@ -104,12 +103,10 @@ int pyx_batch_check_columns(const pyx_batch *b, int block_size) {
   for (int s = 0; s < b->batch.num_seqs; s++) {
     int64_t blocks = ((int64_t)b->batch.seq_lens[s] + block_size - 1) / block_size;
     if (blocks > b->columns) {
-      char message[PYX_MESSAGE_SIZE];
-      snprintf(message, sizeof message,
-               "seq_lens[%d] = %d needs %lld blocks of %d tokens but block_tables has %lld "
-               "columns",
-               s, (int)b->batch.seq_lens[s], (long long)blocks, block_size, (long long)b->columns);
-      pyx_raise_status(PA_ERR_OUT_OF_RANGE, message);
+      pyx_out_of_range(
+          "seq_lens[%d] = %d needs %lld blocks of %d tokens but block_tables has "
+          "%lld columns",
+          s, (int)b->batch.seq_lens[s], (long long)blocks, block_size, (long long)b->columns);
       return -1;
     }
   }

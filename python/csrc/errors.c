@@ -53,14 +53,27 @@ PyObject *pyx_raise_status(pa_status status, const char *message) {
   return NULL;
 }
 
+static PyObject *raise_formatted(const char *status, const char *fmt, va_list args) {
+  PyObject *text = PyUnicode_FromFormatV(fmt, args);
+  if (!text) return NULL;
+  raise_error(status, text);
+  Py_DECREF(text);
+  return NULL;
+}
+
 PyObject *pyx_invalid(const char *fmt, ...) {
   va_list args;
   va_start(args, fmt);
-  PyObject *text = PyUnicode_FromFormatV(fmt, args);
+  raise_formatted("invalid_argument", fmt, args);
   va_end(args);
-  if (!text) return NULL;
-  raise_error("invalid_argument", text);
-  Py_DECREF(text);
+  return NULL;
+}
+
+PyObject *pyx_out_of_range(const char *fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  raise_formatted("out_of_range", fmt, args);
+  va_end(args);
   return NULL;
 }
 

@@ -22,6 +22,8 @@ int pyx_errors_init(PyObject *module);
 PyObject *pyx_raise_status(pa_status status, const char *message);
 /* pagedattn.Error(status="invalid_argument") with a formatted message. */
 PyObject *pyx_invalid(const char *fmt, ...);
+/* The same with status "out_of_range". */
+PyObject *pyx_out_of_range(const char *fmt, ...);
 
 /* ---- tensors (tensor.c) ------------------------------------------------ */
 
