@@ -81,17 +81,19 @@ static void finish_row(const pa_attention_call *c, int64_t row, int32_t head, co
     return;
   }
   /* The sink joins the denominator; both terms are taken relative to the
-   * larger exponent, so a sink far above every logit cannot overflow. */
-  float top = row_max, keys = 1.0f, sink = 0.0f;
+   * larger exponent, so a sink far above every logit cannot overflow, and
+   * in double, where a finite sink's base-2 logit stays finite. */
+  double top = row_max, keys = 1.0, sink = 0.0;
   if (layer->sinks) {
-    float sink_logit = layer->sinks[head] * PA_LOG2E;
-    top = fmaxf(row_max, sink_logit);
-    keys = exp2f(row_max - top);
-    sink = exp2f(sink_logit - top);
+    double sink_logit = (double)layer->sinks[head] * PA_LOG2E_D;
+    top = fmax(top, sink_logit);
+    keys = exp2(row_max - top);
+    sink = exp2(sink_logit - top);
   }
-  float total = row_sum * keys + sink;
-  c->kernels->store_row[layer->dtype](dst, o, (size_t)layer->head_size, c->v_factor * keys / total);
-  if (lse) *lse = top * PA_LN2 + logf(total);
+  double total = row_sum * keys + sink;
+  c->kernels->store_row[layer->dtype](dst, o, (size_t)layer->head_size,
+                                      (float)(c->v_factor * keys / total));
+  if (lse) *lse = (float)(top * PA_LN2_D + log(total));
 }
 
 static size_t rows_per_kv_head(const pa_plan_item *item) {

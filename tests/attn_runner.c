@@ -55,7 +55,7 @@ static int make_layer(tu_rng *rng, const attn_case *c, const char *tag, layer_bu
     /* vLLM's geometric slopes, or arbitrary ones (0 included). */
     lb->slopes[h] =
         geometric ? exp2f(-8.0f * (float)(h + 1) / (float)nh) : (float)tu_range(rng, 0.0, 0.6);
-    lb->sinks[h] = (float)tu_range(rng, -3.0, 6.0);
+    lb->sinks[h] = (float)tu_range(rng, -3.0, 6.0) + c->sink_offset;
   }
   pa_layer_config cfg = config_of(c, lb->slopes, lb->sinks);
   lb->layer = NULL;

@@ -32,6 +32,7 @@ typedef struct attn_case {
   float scale; /* as given to the config: 0 means 1/sqrt(head_size) */
   int alibi, sinks, window;
   float soft_cap;
+  float sink_offset; /* added to every sink drawn (-3 to 6) */
   pa_attn_type type;
   int num_seqs;
   int q_len[AR_MAX_SEQS];

@@ -317,6 +317,21 @@ static void targeted_features(void) {
     run_case(&c);
   }
 
+  /* The logit features at their extremes: sinks whose base-2 logits pass
+   * FLT_MAX (outputs near 0, lse the sink), a cap so far above the logits
+   * that tanh's argument is near 0 (they pass through unchanged), and a
+   * subnormal cap (every logit within a hair of 0). */
+  for (int i = 0; i < 6; i++) {
+    attn_case c = base_case("logit extremes");
+    c.sinks = i < 2;
+    c.sink_offset = i == 0 ? 3e38f : i == 1 ? -3e38f : 0.0f;
+    c.soft_cap = i < 2 ? 0.0f : i < 4 ? 1e8f : 1e-40f;
+    c.act = c.src_dtype = c.cache_dtype = i % 2 ? PA_F32 : PA_BF16;
+    c.lse = 1;
+    c.varlen = i == 3;
+    run_case(&c);
+  }
+
   /* Rows that see no key: zeros and lse = -inf, with a sink too. */
   for (int sinks = 0; sinks < 2; sinks++) {
     static const int q[] = {3, 2, 4}, k[] = {0, 6, 0};

@@ -268,7 +268,7 @@ PA_INLINE float logits_row(const pa_softmax_tile *t, size_t i, float *row) {
     if (!plain) {
       if (cap > 0.0f) {
         x = _mm256_mul_ps(_mm256_set1_ps(cap),
-                          pa256_tanh(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))));
+                          pa256_tanh(_mm256_mul_ps(x, _mm256_set1_ps(pa_soft_cap_inverse(cap)))));
       }
       if (t->alibi) {
         float distance = (float)(t->first_key - t->position[i]);

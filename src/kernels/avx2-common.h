@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #define PA_INLINE static inline __attribute__((always_inline))
 
 /* `count` (<= 8) elements of `size` bytes from p, zero-padded to 8. */
@@ -155,11 +157,18 @@ PA_INLINE __m256 pa256_exp2(__m256 x) {
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
 }
 
-/* tanh(x) = 1 - 2 / (e^(2x) + 1). */
+/* tanh(x) as pa512_tanh computes it. */
 PA_INLINE __m256 pa256_tanh(__m256 x) {
   __m256 e = pa256_exp2(_mm256_mul_ps(x, _mm256_set1_ps(2.0f * 1.44269504088896341f)));
   __m256 one = _mm256_set1_ps(1.0f);
-  return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+  __m256 far = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+  __m256 x2 = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(pa_tanh_series[3]);
+  for (int i = 2; i >= 0; i--) p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(pa_tanh_series[i]));
+  __m256 near = _mm256_fmadd_ps(_mm256_mul_ps(p, x2), x, x);
+  __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  __m256 small = _mm256_cmp_ps(magnitude, _mm256_set1_ps(PA_TANH_SERIES_BELOW), _CMP_LT_OQ);
+  return _mm256_blendv_ps(far, near, small);
 }
 
 #endif

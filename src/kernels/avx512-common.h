@@ -158,11 +158,21 @@ PA_INLINE __m512 pa512_exp2_bf16_finite(__m512 x) {
   return pa512_exp2_poly(x, pa512_exp2_bf16_coefficients, 4, 1);
 }
 
-/* tanh(x) = 1 - 2 / (e^(2x) + 1): saturates cleanly at both ends. */
+/* tanh(x) = 1 - 2 / (e^(2x) + 1), which saturates cleanly at both ends;
+ * below PA_TANH_SERIES_BELOW the subtraction would cancel x's digits (a cap
+ * far above the logits flattened them all to 0), so there the series
+ * (pa_tanh_series) stands in. */
 PA_INLINE __m512 pa512_tanh(__m512 x) {
   __m512 e = pa512_exp2(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 1.44269504088896341f)));
   __m512 one = _mm512_set1_ps(1.0f);
-  return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+  __m512 far = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+  __m512 x2 = _mm512_mul_ps(x, x);
+  __m512 p = _mm512_set1_ps(pa_tanh_series[3]);
+  for (int i = 2; i >= 0; i--) p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(pa_tanh_series[i]));
+  __m512 near = _mm512_fmadd_ps(_mm512_mul_ps(p, x2), x, x);
+  __mmask16 small =
+      _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(PA_TANH_SERIES_BELOW), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(far, small, near);
 }
 
 PA_INLINE __m512 pa512_add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }

@@ -16,6 +16,7 @@
 #ifndef PA_KERNELS_H
 #define PA_KERNELS_H
 
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -95,8 +96,24 @@ typedef struct pa_softmax_tile {
   int bf16_weights;        /* the weights will be rounded to bf16: an exp good to ~1e-4 will do */
 } pa_softmax_tile;
 
+/* The soft cap's tanh in the vector softmaxes: below |x| = 1/4 the series
+ * x + x^3 (c[0] + x^2 (c[1] + x^2 (c[2] + x^2 c[3]))), whose first omitted
+ * term is under 1e-8 of tanh(x) there. */
+#define PA_TANH_SERIES_BELOW 0.25f
+static const float pa_tanh_series[4] = {-1.0f / 3.0f, 2.0f / 15.0f, -17.0f / 315.0f,
+                                        62.0f / 2835.0f};
+
+/* 1 / c for the soft cap's tanh(x / c), held to FLT_MAX: a subnormal cap's
+ * inverse is inf, and a zero logit times inf NaN. */
+static inline float pa_soft_cap_inverse(float cap) {
+  float inverse = 1.0f / cap;
+  return inverse < FLT_MAX ? inverse : FLT_MAX;
+}
+
 #define PA_LOG2E 1.44269504088896341f
 #define PA_LN2 0.693147180559945309f
+#define PA_LOG2E_D 1.44269504088896340736
+#define PA_LN2_D 0.693147180559945309417
 
 typedef void (*pa_softmax_fn)(const pa_softmax_tile *tile, float *s, size_t lds);
 /* A softmax_bf16_rows (pa_kernels) is the same epilogue with the weights

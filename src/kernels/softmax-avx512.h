@@ -69,7 +69,7 @@ PA_INLINE __m512 logits_row(const pa_softmax_tile *t, size_t i, float *row) {
         _mm512_mul_ps(_mm512_maskz_loadu_ps(visible, row + j), _mm512_set1_ps(t->score_scale));
     if (cap > 0.0f) {
       x = _mm512_mul_ps(_mm512_set1_ps(cap),
-                        pa512_tanh(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / cap))));
+                        pa512_tanh(_mm512_mul_ps(x, _mm512_set1_ps(pa_soft_cap_inverse(cap)))));
     }
     if (t->alibi) {
       float distance = (float)(t->first_key - t->position[i]);
