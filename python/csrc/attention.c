@@ -215,18 +215,11 @@ PyObject *pyx_merge_states(PyObject *self, PyObject *const *args, Py_ssize_t nar
   PyObject *result = NULL;
   int64_t width = (int64_t)heads * head_size, rows = 0, a_stride, b_stride, out_stride, n;
   float *lse_a, *lse_b, *lse;
-  pyx_tensor *lse_a_t = take(&all, args[4], "lse_a", 0);
-  if (!lse_a_t) goto done;
-  rows = lse_a_t->ndim >= 1 ? lse_a_t->shape[0] : 0;
-  if (lse_check(lse_a_t, "lse_a", (int)heads, rows, 1, &lse_a) < 0 ||
-      lse_arg(&all, args[6], "lse_b", (int)heads, rows, 1, &lse_b) < 0 ||
-      lse_arg(&all, args[8], "lse", (int)heads, rows, 1, &lse) < 0) {
-    goto done;
-  }
+  pyx_tensor *sides[3], *lse_a_t;
+  /* out_a's rows are the batch's: every other tensor is held to them. */
   const char *names[3] = {"out_a", "out_b", "out"};
   PyObject *objs[3] = {args[3], args[5], args[7]};
   int64_t *strides[3] = {&a_stride, &b_stride, &out_stride};
-  pyx_tensor *sides[3];
   for (int i = 0; i < 3; i++) {
     if (!(sides[i] = take(&all, objs[i], names[i], i == 2)) ||
         pyx_tensor_activation(sides[i], names[i]) < 0 ||
@@ -234,15 +227,22 @@ PyObject *pyx_merge_states(PyObject *self, PyObject *const *args, Py_ssize_t nar
                         strides[i]) < 0) {
       goto done;
     }
+    if (i == 0) rows = n;
     if (sides[i]->elem != sides[0]->elem) {
       pyx_invalid("%s has dtype %s; out_a has %s", names[i], pyx_dtype_of(sides[i]),
                   pyx_dtype_of(sides[0]));
       goto done;
     }
     if (n != rows) {
-      pyx_invalid("%s has %lld rows; lse_a has %lld", names[i], (long long)n, (long long)rows);
+      pyx_invalid("%s has %lld rows; out_a has %lld", names[i], (long long)n, (long long)rows);
       goto done;
     }
+  }
+  lse_a_t = take(&all, args[4], "lse_a", 0);
+  if (!lse_a_t || lse_check(lse_a_t, "lse_a", (int)heads, rows, 1, &lse_a) < 0 ||
+      lse_arg(&all, args[6], "lse_b", (int)heads, rows, 1, &lse_b) < 0 ||
+      lse_arg(&all, args[8], "lse", (int)heads, rows, 1, &lse) < 0) {
+    goto done;
   }
   pa_status status;
   char message[PYX_MESSAGE_SIZE];
@@ -332,7 +332,7 @@ static PyObject *forward_args(PyObject *const *args, long calls) {
                   args[4] == Py_None ? "key" : "value", args[4] == Py_None ? "value" : "key");
       goto done;
     }
-    if (!batch->slot_mapping) {
+    if (!batch->tensors[3]) {
       pyx_invalid(
           "key and value are given but the batch has no slot_mapping to write them "
           "through");

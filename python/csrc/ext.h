@@ -161,9 +161,11 @@ typedef struct pyx_batch {
   PyObject_HEAD pa_batch batch;
   int64_t columns;             /* block_tables' columns (<= batch.block_table_stride) */
   int64_t num_rows;            /* query_start_loc[num_seqs] */
-  const int64_t *slot_mapping; /* the new tokens' slots, or NULL */
+  const int64_t *slot_mapping; /* the new tokens' slots; NULL when there are none */
   int64_t num_slots;
-  PyObject *tensors[4]; /* query_start_loc, seq_lens, block_tables, slot_mapping (or NULL) */
+  /* query_start_loc, seq_lens, block_tables, slot_mapping (NULL: none was given; an empty
+   * one, whose data may be NULL, writes nothing) */
+  PyObject *tensors[4];
 } pyx_batch;
 
 typedef struct pyx_plan {

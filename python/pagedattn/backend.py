@@ -52,7 +52,7 @@ class PagedAttentionBackend:
     def validate_head_size(head_size: int) -> None:
         """Raises :class:`pagedattn.Error` (a ValueError) naming head_size and the supported
         range when the library cannot serve it."""
-        _ext.validate_head_size(head_size)
+        _ext.validate_head_size(functions.as_int(head_size, "head_size"))
 
     @staticmethod
     def get_kv_cache_shape(

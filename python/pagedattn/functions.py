@@ -204,6 +204,20 @@ def as_int(value: Any, name: str) -> int:
     raise TypeError(f"{name} must be an int, not {type(value).__name__}")
 
 
+def layer_ints(
+    num_heads: Any, num_kv_heads: Any, head_size: Any, sliding_window: Any
+) -> tuple[int, int, int, int]:
+    """A layer's integer settings as Python ints (see :func:`as_int`); num_kv_heads None is
+    num_heads, sliding_window None is 0."""
+    heads = as_int(num_heads, "num_heads")
+    return (
+        heads,
+        heads if num_kv_heads is None else as_int(num_kv_heads, "num_kv_heads"),
+        as_int(head_size, "head_size"),
+        0 if sliding_window is None else as_int(sliding_window, "sliding_window"),
+    )
+
+
 def check_tensor(value: Any, name: str, optional: bool = False) -> None:
     """TypeError naming `name` unless `value` is a torch tensor or a numpy array (or None,
     where optional). torch, optional, is only asked once imported."""
@@ -283,7 +297,10 @@ def layer_for(
     per-head arrays (ALiBi slopes and sinks are read afresh at each call)."""
     code = attn_type_code(attn_type)
     scale = 0.0 if scale is None else scale
-    window, cap = _opt(sliding_window), _opt(logits_soft_cap)
+    num_heads, num_kv_heads, head_size, window = layer_ints(
+        num_heads, num_kv_heads, head_size, sliding_window
+    )
+    cap = _opt(logits_soft_cap)
     if alibi_slopes is not None or sinks is not None:
         return _ext.Layer(
             num_heads, num_kv_heads, head_size, scale, alibi_slopes, window, cap, sinks, code

@@ -19,6 +19,7 @@ from .functions import (
     invalid,
     kv_cache_dtype_code,
     kv_layout_preferred,
+    layer_ints,
 )
 from .metadata import PagedAttentionMetadata, step_key
 
@@ -88,10 +89,13 @@ class PagedAttentionImpl:
     ) -> None:
         if kv_cache_layout != "auto" and kv_cache_layout not in LAYOUTS:
             raise invalid(f"kv_cache_layout = {kv_cache_layout!r} is not 'auto', 'rows' or 'tiled'")
+        num_heads, num_kv_heads, head_size, window = layer_ints(
+            num_heads, num_kv_heads, head_size, sliding_window
+        )
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale) if scale is not None else head_size**-0.5
-        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
         self.kv_cache_dtype = kv_cache_dtype
@@ -104,7 +108,7 @@ class PagedAttentionImpl:
             head_size,
             self.scale,
             alibi_slopes,
-            sliding_window or 0,
+            window,
             logits_soft_cap or 0.0,
             sinks,
             attn_type_code(attn_type),
@@ -190,13 +194,14 @@ class PagedAttentionImpl:
         float16, bfloat16, or FP8 bytes per kv_cache_dtype; its tiles in ``cache_layout``) or
         empty (profiling); layer: None or an object with ``_k_scale`` / ``_v_scale``. Writes
         key/value into the cache (decoder: through ``slot_mapping``; cross-attention:
-        ``cross_slot_mapping``), then attends. Returns ``output`` (written in place when given)
-        as ``[num_tokens, num_heads * head_size]``.
+        ``cross_slot_mapping``), then attends. Returns ``output`` (written in place when given;
+        a new one holds zeros in rows past the batch's) as ``[num_tokens, num_heads * head_size]``.
         """
         if attn_metadata is None:
             return query  # the engine's warm-up
         try:
-            if output is None:
+            fresh = output is None
+            if fresh:
                 output = _empty_like_rows(query, self.num_heads * self.head_size)
             if self._paged:
                 # The hot path: the cache view and the step's batch and plan are found, not made.
@@ -211,7 +216,7 @@ class PagedAttentionImpl:
                 else:
                     cache = self._library_cache(kv_cache, layer, query)
                 if cache is None:
-                    self._without_cache(query, key, value, attn_metadata, output)
+                    written = self._without_cache(query, key, value, attn_metadata, output)
                 else:
                     step = attn_metadata._objects.get(self._step_key)
                     if step is None:
@@ -220,15 +225,17 @@ class PagedAttentionImpl:
                         )
                     if not self._writes:
                         key = value = None
-                    _ext.forward(
+                    written = _ext.forward(
                         self._ctx, self._layer, step[1], query, key, value, cache, step[0], output
                     )
             else:
                 # Encoders attend over the batch's own rows.
                 qsl = attn_metadata.query_start_loc
-                _ext.varlen_attention(
+                written = _ext.varlen_attention(
                     self._ctx, self._layer, query, key, value, qsl, qsl, output, None
                 )
+            if fresh and written < output.shape[0]:
+                output[written:] = 0  # padded rows, as the functions leave them
             return _as_rows(output)
         except AttributeError:
             # An argument of the wrong kind is named as such, found only once something failed
@@ -255,8 +262,9 @@ class PagedAttentionImpl:
         value: Tensor | None,
         md: PagedAttentionMetadata,
         output: Tensor,
-    ) -> None:
-        """A profiling run's empty cache: every key must be one of the batch's new rows."""
+    ) -> int:
+        """A profiling run's empty cache: every key must be one of the batch's new rows. Returns
+        the rows written."""
         if key is None or value is None:
             raise invalid("kv_cache is empty and key/value are None: there are no keys to attend")
         if self._cross:
@@ -274,7 +282,7 @@ class PagedAttentionImpl:
                     "(seq_lens > query lengths): they would come from the cache"
                 )
             cu_k = md.query_start_loc
-        _ext.varlen_attention(
+        return _ext.varlen_attention(
             self._ctx, self._layer, query, key, value, md.query_start_loc, cu_k, output, None
         )
 

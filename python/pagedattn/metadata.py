@@ -152,6 +152,10 @@ def _int_array(values: Any, name: str, dtype: type) -> np.ndarray:
         array = np.asarray(values)
     except (TypeError, ValueError) as error:
         raise TypeError(f"{name} must be a list of ints or an integer tensor: {error}") from None
+    if array.ndim == 0:
+        raise TypeError(
+            f"{name} must be a list of ints or an integer tensor, not {type(values).__name__}"
+        )
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name} must hold integers, not {array.dtype}")
     if array.size and not np.can_cast(array.dtype, dtype):
@@ -193,7 +197,15 @@ def _slots(
             f"{name}[{seq[i]}] has {table.shape[1]} entries; position {positions[i]} of sequence "
             f"{seq[i]} needs entry {entries[i]} (block_size {block_size})"
         )
-    return table[seq, entries].astype(np.int64) * block_size + positions % block_size
+    blocks = table[seq, entries]
+    unowned = np.nonzero(blocks < 0)[0]
+    if unowned.size:
+        i = unowned[0]
+        raise _out_of_range(
+            f"{name}[{seq[i]}][{entries[i]}] = {blocks[i]} is not a block id (position "
+            f"{positions[i]} of sequence {seq[i]} is written there)"
+        )
+    return blocks.astype(np.int64) * block_size + positions % block_size
 
 
 def _out_of_range(message: str) -> Error:
@@ -238,6 +250,10 @@ class PagedAttentionMetadataBuilder:
             raise _out_of_range(f"query_lens add up to {starts[-1]}, more than int32 rows")
         starts = starts.astype(np.int32)
         if slot_mapping is None:
+            negative = np.nonzero(k < 0)[0]
+            if negative.size:
+                s = negative[0]
+                raise invalid(f"seq_lens[{s}] = {k[s]} is negative")
             bad = np.nonzero((q < 0) | (q > k))[0]
             if bad.size:
                 s = bad[0]

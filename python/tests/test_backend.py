@@ -366,6 +366,40 @@ def test_forward_profiling_and_warmup():
         impl.forward(None, query[:3], key[:3], value[:3], torch.empty(0), chunk)
 
 
+def test_forward_steps_without_new_tokens():
+    """A step with no new tokens writes nothing and returns no rows; key and value may still
+    be given (empty), as an engine slices them."""
+    impl = PagedAttentionImpl(4, 16, 0.25, num_kv_heads=2)
+    kv_cache = torch.randn(PagedAttentionBackend.get_kv_cache_shape(3, 16, 2, 16))
+    before = kv_cache.clone()
+    empty_q, empty_kv = torch.empty(0, 64), torch.empty(0, 32)
+    for md in (
+        PagedAttentionMetadataBuilder(16).build([], [], []),
+        PagedAttentionMetadataBuilder(16).build([0], [3], [[1]]),
+    ):
+        out = impl.forward(None, empty_q, empty_kv, empty_kv, kv_cache, md)
+        assert out.shape == (0, 64)
+    assert torch.equal(kv_cache, before)
+
+
+def test_new_output_holds_zeros_in_padded_rows():
+    """Rows past the batch's (a padded query): zeros in an output the impl makes, as the
+    functions leave them; an output given keeps them as they were."""
+    impl = PagedAttentionImpl(4, 16, 0.25, num_kv_heads=2)
+    kv_cache = torch.zeros(PagedAttentionBackend.get_kv_cache_shape(3, 16, 2, 16))
+    md = PagedAttentionMetadataBuilder(16).build([3], [3], [[2]])
+    query, key, value = torch.randn(5, 64), torch.randn(5, 32), torch.randn(5, 32)
+    out = impl.forward(None, query, key, value, kv_cache, md)
+    assert torch.equal(out[3:], torch.zeros(2, 64)) and out[:3].abs().sum() > 0
+    given = torch.full((5, 64), 7.0)
+    impl.forward(None, query, key, value, kv_cache, md, output=given)
+    assert torch.equal(given[3:], torch.full((2, 64), 7.0))
+    assert torch.equal(given[:3], out[:3])
+    encoder = PagedAttentionImpl(4, 16, 0.25, num_kv_heads=2, attn_type=AttentionType.ENCODER)
+    out = encoder.forward(None, query, key, value, torch.empty(0), md)
+    assert torch.equal(out[3:], torch.zeros(2, 64))
+
+
 def test_kv_sharing_layer_writes_nothing():
     """A layer that reads another layer's cache (kv_sharing_target_layer_name) writes none."""
     md = PagedAttentionMetadataBuilder(4).build([2], [2], [[1]])

@@ -855,3 +855,44 @@ def test_sizes_take_numpy_integers():
     ):
         with pytest.raises(TypeError, match=rf"block_size must be an int, not {kind}"):
             PagedAttentionMetadataBuilder(bad)
+
+
+def test_layer_integers_take_numpy_integers():
+    """The layer's integer settings take what every other integer argument takes."""
+    w = make_world(BS, D, 11)
+    want = attend(w, sliding_window=3).clone()
+    for window in (np.int64(3), torch.tensor(3)):
+        assert torch.equal(attend(w, sliding_window=window), want)
+    impl = PagedAttentionImpl(
+        np.int64(4), np.int64(8), 0.3, np.int64(2), sliding_window=torch.tensor(5)
+    )
+    assert (impl.num_heads, impl.head_size, impl.num_kv_heads) == (4, 8, 2)
+    assert all(type(n) is int for n in (impl.num_heads, impl.head_size, impl.num_kv_heads))
+    PagedAttentionBackend.validate_head_size(np.int32(64))
+    for call in (
+        lambda: attend(w, sliding_window=True),
+        lambda: PagedAttentionImpl(4, 8, 0.3, 2, sliding_window=np.bool_(True)),
+        lambda: PagedAttentionBackend.validate_head_size(True),
+    ):
+        with pytest.raises(TypeError, match=r"(sliding_window|head_size) must be an int, not"):
+            call()
+
+
+@pytest.mark.parametrize(
+    "args, exception, pattern",
+    [
+        ((1, 2, [[0]]), TypeError, r"query_lens must be a list of ints or an integer tensor, not"),
+        (([0], [-1], [[0]]), pagedattn.Error, r"seq_lens\[0\] = -1 is negative"),
+        (([1], [5], [[0, -1]]), pagedattn.Error, r"block_tables\[0\]\[1\] = -1 is not a block"),
+    ],
+)
+def test_metadata_builder_names_bad_lengths_and_blocks(args, exception, pattern):
+    """A derived slot_mapping never turns a bad block id into a padding slot."""
+    with pytest.raises(exception, match=pattern):
+        PagedAttentionMetadataBuilder(BS).build(*args)
+
+
+def test_merge_states_holds_lse_to_the_outputs_rows():
+    out = torch.zeros(4, 2, 8)
+    with pytest.raises(pagedattn.Error, match=r"lse_a has shape \[8\]; it must be \[4, num_heads"):
+        pagedattn.merge_states(out, torch.zeros(8), out, torch.zeros(4, 2))

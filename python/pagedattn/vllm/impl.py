@@ -26,6 +26,7 @@ from ..functions import (
     cache_dtype_name,
     default_context,
     kv_layout_preferred,
+    layer_ints,
 )
 from ..metadata import step_key
 from .backend import KV_CACHE_DTYPES, PagedAttnMetadata
@@ -124,10 +125,13 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         self.cache_layout: str | None = (
             None if self.kv_cache_layout == "auto" else self.kv_cache_layout
         )
+        num_heads, num_kv_heads, head_size, self._window = layer_ints(
+            num_heads, num_kv_heads, head_size, sliding_window
+        )
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
-        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
         self.kv_cache_dtype = kv_cache_dtype
@@ -172,7 +176,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
             self.head_size,
             self.scale,
             self._alibi_slopes,
-            self.sliding_window or 0,
+            self._window,
             self.logits_soft_cap or 0.0,
             sinks,
             ATTN_TYPES[attn_type],
