@@ -80,7 +80,9 @@ PA_API const char *pa_dtype_name(pa_dtype dtype); /* "f32", ..., "fp8_e5m2"; "in
 /* A context owns a persistent thread pool (num_threads - 1 workers; the
  * calling thread is the first worker) and per-thread scratch memory. The
  * environment variable PA_ISA ("scalar", "avx2", "avx512", "avx512bf16",
- * "amx") caps the kernel path; an unknown value is an error at creation. A context is used by one
+ * "amx") caps the kernel path; PA_BF16_DOT ("on", "off", "auto") and
+ * PA_PREFETCH ("l1", "l2", "auto") choose within it (README.md, Environment).
+ * An unknown value of any of them is an error at creation. A context is used by one
  * caller thread at a time; different contexts may be used concurrently. */
 typedef struct pa_context pa_context;
 

@@ -270,9 +270,11 @@ PyTypeObject pyx_context_type = {
     .tp_weaklistoffset = offsetof(pyx_context, weakrefs),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc =
-        "Context(num_threads=None)\n\n"
+        "Context(num_threads=None, *, threads='own')\n\n"
         "The library's thread pool and scratch memory. num_threads None: the\n"
         "PA_NUM_THREADS environment variable, else the CPUs this process may run on.\n"
+        "threads='openmp': the library's work runs on the calling thread's OpenMP team\n"
+        "(num_threads None: the team's size) instead of threads of its own.\n"
         "One caller thread uses a context at a time (others wait); give each Python\n"
         "thread its own context to run in parallel.",
     .tp_new = PyType_GenericNew,

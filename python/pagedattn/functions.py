@@ -125,8 +125,9 @@ def kv_layout_preferred(
     """The cache layout (``"rows"`` or ``"tiled"``) whose reads are fastest on the context's
     kernel path (``pa_kv_layout_preferred``) for activations of ``act_dtype`` over a cache of
     ``cache_dtype`` with this block size and head size: ``"tiled"`` where the kernels read the
-    tiles in place (the ``amx`` path, bf16 activations over a bf16 cache), ``"rows"``
-    elsewhere and for a geometry a tiled cache cannot have. Dtypes: torch or numpy dtypes or
+    tiles in place (the ``amx`` path: bf16 activations over a bf16 or FP8 cache, f16 over an
+    FP8 cache, head sizes multiples of 32), ``"rows"`` elsewhere and for a geometry a tiled
+    cache cannot have. Dtypes: torch or numpy dtypes or
     names (``"bfloat16"``, ``"bf16"``, ``"fp8_e4m3"``, ...); an FP8 cache is named by its
     format (``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``), not ``uint8``.
 
