@@ -213,7 +213,8 @@ PyObject *pyx_merge_states(PyObject *self, PyObject *const *args, Py_ssize_t nar
   }
   tensors all = {.count = 0};
   PyObject *result = NULL;
-  int64_t width = (int64_t)heads * head_size, rows = 0, a_stride, b_stride, out_stride, n;
+  int64_t width = (int64_t)heads * head_size, rows = 0, a_stride = 0, b_stride = 0, out_stride = 0;
+  int64_t n = 0;
   float *lse_a, *lse_b, *lse;
   pyx_tensor *sides[3], *lse_a_t;
   /* out_a's rows are the batch's: every other tensor is held to them. */
