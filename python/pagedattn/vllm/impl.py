@@ -170,6 +170,11 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
                 if self._sinks_version is not None
                 else [0.0] * int(self._sinks.numel())
             )
+        if attn_type == AttentionType.ENCODER:
+            # vLLM's CPU_ATTN masks every non-causal window on both sides of a query, an
+            # encoder's too: the library's encoder-only masking (the two differ in nothing
+            # else).
+            attn_type = AttentionType.ENCODER_ONLY
         return _ext.Layer(
             self.num_heads,
             self.num_kv_heads,

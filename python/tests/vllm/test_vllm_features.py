@@ -18,6 +18,7 @@ from oracle import assert_close, attend, gather, to_f64
 pytest.importorskip("vllm")
 from steps import metadata
 from vllm import _custom_ops as ops
+from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
 from pagedattn.vllm.backend import PagedAttnMetadataBuilder
@@ -147,6 +148,30 @@ def test_noncausal_window_is_vllms(monkeypatch, seed):
         scheduler_metadata=schedule, s_aux=None,
     )  # fmt: skip
     assert torch.allclose(output, stock, rtol=1e-4, atol=1e-5), float((output - stock).abs().max())
+
+
+@pytest.mark.parametrize("attn_type", [AttentionType.ENCODER, AttentionType.ENCODER_ONLY])
+def test_encoder_window_on_both_sides(seed, attn_type):
+    """Encoder layers (an encoder-decoder model's and encoder-only models') take vLLM's non-causal
+    window: on both sides of a query, over the batch's own rows."""
+    rng = random.Random(seed)
+    window = FEATURES["window"]["sliding_window"]
+    impl = PagedAttnImpl(HEADS, D, D**-0.5, KV_HEADS, sliding_window=window, attn_type=attn_type)
+    n = sum(PROMPT)
+    query = activations(rng, n, HEADS, D, torch.float32)
+    key, value = (activations(rng, n, KV_HEADS, D, torch.float32) for _ in "kv")
+    md = metadata(PROMPT, PROMPT, TABLES, [-1] * n, causal=False)
+    output = torch.empty_like(query)
+    impl.forward(Scales(), query, key, value, torch.empty(0), md, output)
+    at = 0
+    for s, q in enumerate(PROMPT):
+        rows = slice(at, at + q)
+        want, _ = attend(
+            to_f64(query[rows]), to_f64(key[rows]), to_f64(value[rows]), scale=D**-0.5,
+            attn_type="encoder_only", window=window,
+        )  # fmt: skip
+        assert_close(output[rows], want, float(value.abs().max()), torch.float32, f"seq {s}")
+        at += q
 
 
 def test_kv_cache_update_apart_from_forward(monkeypatch, seed):
