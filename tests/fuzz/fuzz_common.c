@@ -160,8 +160,9 @@ int fz_cache_geometry_ok(const pa_kv_cache *c) {
   __int128 block = c->block_stride ? c->block_stride : c->num_kv_heads * tile;
   if (block < c->num_kv_heads * head) return 0;
   if (c->num_blocks == 0) return 1;
+  /* Below 2^127, but its bytes need not be: compare elements, not bytes. */
   __int128 end = (c->num_blocks - 1) * block + (c->num_kv_heads - 1) * head + tile;
-  return end * (__int128)pa_dtype_size(c->dtype) <= (__int128)INT64_MAX;
+  return end <= (__int128)INT64_MAX / (__int128)pa_dtype_size(c->dtype);
 }
 
 void fz_model_cache(fz_expect *e, const pa_kv_cache *c) {
