@@ -159,13 +159,14 @@ void pa_kernels_build(pa_isa isa, int bf16_dot, pa_kernels *kernels) {
   }
   if (isa >= PA_ISA_AVX512BF16) {
     /* The bf16 pair layouts serve the dot products and the tiles; with
-     * neither, bf16 caches stay on the f32 path whole. FP8 caches keep the
-     * dot products either way: decoding FP8 to bf16 is what they spend on. */
+     * neither, bf16 and FP8 caches stay on the f32 path whole, whose FP8
+     * kernels here decode by byte lookups. */
     int pairs = bf16_dot || isa >= PA_ISA_AMX;
     pa_convert_kernels_avx512bf16(kernels);
+    pa_attn_fp8_fma_kernels_avx512bf16(kernels);
     if (pairs) pa_attn_kernels_avx512bf16(kernels, bf16_dot);
     pa_prefill_kernels_avx512bf16(kernels, pairs);
-    pa_attn_fp8_kernels_avx512bf16(kernels);
+    if (pairs) pa_attn_fp8_kernels_avx512bf16(kernels);
   }
   if (isa >= PA_ISA_AMX) pa_prefill_kernels_amx(kernels);
 #endif

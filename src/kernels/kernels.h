@@ -425,6 +425,7 @@ void pa_attn_kernels_avx512bf16(pa_kernels *k, int dot);
 void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs);
 double pa_bf16_dot_cost_avx512bf16(void);
 void pa_attn_fp8_kernels_avx512bf16(pa_kernels *k);
+void pa_attn_fp8_fma_kernels_avx512bf16(pa_kernels *k);
 void pa_prefill_kernels_amx(pa_kernels *k);
 #endif
 

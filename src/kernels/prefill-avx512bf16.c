@@ -325,8 +325,8 @@ static void pa_softmax_split_rows_avx512bf16(const pa_softmax_tile *t, float *s,
 
 /* These packed kernels overtake the direct ones (whose Q K^T blocks end in a
  * reduction) from 16 rows per KV head for bf16 caches and from 32 for FP8
- * (docs/code-figures.md, packed_min_rows). Without `bf16_pairs` the bf16 cache keeps the f32 packed
- * kernels (the FMA path, for CPUs whose dot products are slow and that have no tiles). */
+ * (docs/code-figures.md, packed_min_rows). Without `bf16_pairs` bf16 and FP8 caches keep the f32
+ * packed kernels (the FMA path, for CPUs whose dot products are slow and that have no tiles). */
 void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
   pa_bf16_tables_init();
   k->softmax_bf16_rows = pa_softmax_bf16_rows_avx512bf16;
@@ -338,7 +338,7 @@ void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
                                                    [PA_FP8_E4M3] = pa_pack_v_e4m3_avx512bf16,
                                                    [PA_FP8_E5M2] = pa_pack_v_e5m2_avx512bf16};
   for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
-    if (!pack_k[cache] || (cache == PA_BF16 && !bf16_pairs)) continue;
+    if (!pack_k[cache] || !bf16_pairs) continue;
     pa_attn_ops *ops = &k->attn[PA_BF16][cache];
     ops->pack_k = pack_k[cache];
     ops->pack_v = pack_v[cache];
