@@ -14,10 +14,6 @@
 #include "avx512bf16-common.h"
 #include "prefetch.h"
 
-PA_INLINE __mmask64 tail_mask64(size_t count) {
-  return count >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << count) - 1);
-}
-
 PA_INLINE __m512i load64(const void *p, __mmask64 m) {
   return m == ~(__mmask64)0 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(m, p);
 }

@@ -12,6 +12,8 @@
  * Q, P and O keep the plain order of the f32 kernels, and the blocks are
  * theirs (4 rows x 4 keys of dot products reduced by a transpose tree; O in
  * blocks of 64 or 128 columns), only walked 64 values at a time. */
+#include <pthread.h>
+
 #include "avx512bf16-common.h"
 #include "prefetch.h"
 
@@ -23,22 +25,24 @@ typedef struct fp8_decoder {
 /* Bytes 4i + 2 and 4i + 3 of every 32-bit lane: the code's low and high byte. */
 #define PA_CODE_BYTES 0xccccccccccccccccull
 
-static fp8_decoder decoder(const pa_fp8_bytes *b) {
-  fp8_decoder t = {.codes = fp8_tables(b)};
+/* The spreads' byte indices: value 16v + i's low byte (the first table) to
+ * byte 4i + 2 of vector v, its high byte (the second) to 4i + 3; bytes 4i
+ * and 4i + 1 are zeroed by the mask. Filled once, at registration. */
+static uint8_t pa_fp8_spread[4][64];
+
+static void spread_tables(void) {
   for (int v = 0; v < 4; v++) {
-    uint8_t index[64];
     for (int i = 0; i < 16; i++) {
-      index[4 * i] = index[4 * i + 1] = 0;           /* zeroed by the mask */
-      index[4 * i + 2] = (uint8_t)(16 * v + i);      /* low bytes: the first table */
-      index[4 * i + 3] = (uint8_t)(64 + 16 * v + i); /* high bytes: the second */
+      pa_fp8_spread[v][4 * i + 2] = (uint8_t)(16 * v + i);
+      pa_fp8_spread[v][4 * i + 3] = (uint8_t)(64 + 16 * v + i);
     }
-    t.spread[v] = _mm512_loadu_si512(index);
   }
-  return t;
 }
 
-PA_INLINE __mmask64 bytes_before(size_t left) {
-  return left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
+PA_INLINE fp8_decoder decoder(const pa_fp8_bytes *b) {
+  fp8_decoder t = {.codes = fp8_tables(b)};
+  for (int v = 0; v < 4; v++) t.spread[v] = _mm512_loadu_si512(pa_fp8_spread[v]);
+  return t;
 }
 
 /* The values [c, c + 16 vectors) of a row of d FP8 values as f32 vectors,
@@ -47,7 +51,7 @@ PA_INLINE void decode(const void *row, size_t c, size_t d, const fp8_decoder *t,
                       __m512 *out) {
   const char *at = (const char *)row + c;
   __m512i bytes =
-      c + 64 <= d ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi8(bytes_before(d - c), at);
+      c + 64 <= d ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi8(tail_mask64(d - c), at);
   __m512i low, high;
   fp8_code_bytes(bytes, &t->codes, &low, &high);
   for (int v = 0; v < vectors; v++) {
@@ -195,7 +199,9 @@ PA_DEFINE_QK_PV(e5m2, pa_e5m2_bytes)
  * takes Q converted and scaled, as pa_kernels_build gives the pairs that set
  * no kernels of their own). */
 void pa_attn_fp8_fma_kernels_avx512bf16(pa_kernels *k) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
   pa_bf16_tables_init();
+  pthread_once(&once, spread_tables);
   k->qk[PA_FP8_E4M3] = pa_qk_f32_e4m3_avx512bf16;
   k->qk[PA_FP8_E5M2] = pa_qk_f32_e5m2_avx512bf16;
   k->pv[PA_FP8_E4M3] = pa_pv_f32_e4m3_avx512bf16;

@@ -48,6 +48,10 @@ PA_INLINE pa_bf16_tables load_tables(const uint16_t *table) {
   return t;
 }
 
+PA_INLINE __mmask64 tail_mask64(size_t count) {
+  return count >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << count) - 1);
+}
+
 PA_INLINE __mmask32 tail_mask32(size_t count) {
   return count >= 32 ? 0xffffffffu : (__mmask32)((1u << count) - 1u);
 }
