@@ -93,23 +93,13 @@ PA_INLINE void pv_block(const int rows, const int chunks, pa512_loader load, siz
                         float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   __mmask16 mask[8];
   __m512 acc[16];
-  for (int c = 0; c < chunks; c++) {
-    size_t col = c0 + 16 * (size_t)c;
-    mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
-    for (int r = 0; r < rows; r++)
-      acc[r * chunks + c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
-                                         pa512_row_scale(rescale, r));
-  }
+  pa512_load_o_vectors(rows, chunks, c0, d, o, ldo, rescale, mask, acc);
   const char *const *v = (const char *const *)v_rows;
   if (c0 + 16 * (size_t)chunks <= d)
     pv_keys(rows, chunks, 1, load, elem, n, mask, p, ldp, v, c0 * elem, acc, prefetch);
   else
     pv_keys(rows, chunks, 0, load, elem, n, mask, p, ldp, v, c0 * elem, acc, prefetch);
-  for (int c = 0; c < chunks; c++) {
-    size_t col = c0 + 16 * (size_t)c;
-    for (int r = 0; r < rows; r++)
-      _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r * chunks + c]);
-  }
+  pa512_store_o_vectors(rows, chunks, c0, mask, acc, o, ldo);
 }
 
 /* One group of `rows` rows (1-4) over every column of O, in blocks of up to

@@ -123,13 +123,7 @@ PA_INLINE void pv_block(const int rows, const int vectors, const fp8_decoder *t,
                         float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
   __mmask16 mask[8];
   __m512 acc[16];
-  for (int c = 0; c < vectors; c++) {
-    size_t col = c0 + 16 * (size_t)c;
-    mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
-    for (int r = 0; r < rows; r++)
-      acc[r * vectors + c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
-                                          pa512_row_scale(rescale, r));
-  }
+  pa512_load_o_vectors(rows, vectors, c0, d, o, ldo, rescale, mask, acc);
   for (size_t j = 0; j < n; j++) {
     if (j % 8 == 0) pa_prefetch_step(prefetch, j + 8);
     __m512 vv[8];
@@ -140,11 +134,7 @@ PA_INLINE void pv_block(const int rows, const int vectors, const fp8_decoder *t,
         acc[r * vectors + c] = _mm512_fmadd_ps(weight, vv[c], acc[r * vectors + c]);
     }
   }
-  for (int c = 0; c < vectors; c++) {
-    size_t col = c0 + 16 * (size_t)c;
-    for (int r = 0; r < rows; r++)
-      _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r * vectors + c]);
-  }
+  pa512_store_o_vectors(rows, vectors, c0, mask, acc, o, ldo);
 }
 
 /* One group of `rows` rows (1-4) over every column of O, in blocks of

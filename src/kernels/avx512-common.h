@@ -70,6 +70,31 @@ PA_INLINE void pa512_store_o_block(const int rows, const int cols, const int par
   }
 }
 
+/* A direct P V block's rows x `vectors` 16-column vectors of O from column
+ * c0 (row stride ldo): loaded and scaled by each row's factor into acc
+ * (row-major), mask[c] the columns of vector c before d, and stored back. */
+PA_INLINE void pa512_load_o_vectors(const int rows, const int vectors, size_t c0, size_t d,
+                                    const float *o, size_t ldo, const float *rescale,
+                                    __mmask16 *mask, __m512 *acc) {
+  for (int c = 0; c < vectors; c++) {
+    size_t col = c0 + 16 * (size_t)c;
+    mask[c] = col < d ? pa512_tail_mask(d - col) : 0;
+    for (int r = 0; r < rows; r++)
+      acc[r * vectors + c] = pa512_scaled(_mm512_maskz_loadu_ps(mask[c], o + r * ldo + col),
+                                          pa512_row_scale(rescale, r));
+  }
+}
+
+PA_INLINE void pa512_store_o_vectors(const int rows, const int vectors, size_t c0,
+                                     const __mmask16 *mask, const __m512 *acc, float *o,
+                                     size_t ldo) {
+  for (int c = 0; c < vectors; c++) {
+    size_t col = c0 + 16 * (size_t)c;
+    for (int r = 0; r < rows; r++)
+      _mm512_mask_storeu_ps(o + r * ldo + col, mask[c], acc[r * vectors + c]);
+  }
+}
+
 /* bf16 is the upper half of an f32. */
 PA_INLINE __m512 pa512_load_bf16(const void *p, __mmask16 m) {
   __m512i wide = _mm512_cvtepu16_epi32(pa512_load_16x16(p, m));
