@@ -727,18 +727,20 @@ static void test_fp8_codes(const pa_kernels *k, const pa_kernels *s, tu_rng *rng
         make_rows(rng, &vr, cache, n, d);
         fill_fp8_codes(rng, cache, &kr, n, d, poison);
         fill_fp8_codes(rng, cache, &vr, n, d, poison);
-        uint16_t *q_bf16 = malloc(m * ldq * 2), *q_narrow = malloc(m * ldq * 2);
+        uint16_t *q_bf16 = malloc(m * ldq * 2);
+        void *q_narrow = malloc(m * ldq * narrow->q_size);
         float *q = malloc(m * ldq * 4), *got = malloc(m * lds * 4), *want = malloc(m * lds * 4);
         float *o_got = malloc(m * ldo * 4), *o_want = malloc(m * ldo * 4);
         for (size_t i = 0; i < m * ldq; i++) {
           q_bf16[i] = pa_f32_to_bf16((float)tu_range(rng, -1, 1));
           q[i] = pa_bf16_to_f32(q_bf16[i]);
         }
-        /* Narrow Q where the family has a narrow kernel pair, else f32 Q. */
-        int use_narrow = narrow->q_size != sizeof(float) && tu_int(rng, 0, 1);
+        /* bf16 Q through the family's own kernel pair where it has one (a
+         * narrow Q, or f32 Q in an order of its own), else f32 Q. */
+        int use_narrow = narrow->qk != k->qk[cache] && tu_int(rng, 0, 1);
         if (use_narrow) {
           for (size_t i = 0; i < m; i++)
-            narrow->load_q(q_narrow + i * ldq, q_bf16 + i * ldq, d, 1.0f);
+            narrow->load_q((char *)q_narrow + i * ldq * narrow->q_size, q_bf16 + i * ldq, d, 1.0f);
           narrow->qk(m, n, d, q_narrow, ldq, kr.ptr, got, lds, NULL);
         } else {
           k->qk[cache](m, n, d, q, ldq, kr.ptr, got, lds, NULL);
