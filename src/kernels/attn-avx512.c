@@ -43,15 +43,10 @@ PA_INLINE void qk_block(const int rows, const int keys, pa512_loader qload, size
 PA_INLINE void qk_rows(const int rows, pa512_loader qload, size_t q_elem, pa512_loader load,
                        size_t elem, size_t n, size_t d, const char *q, size_t ldq,
                        const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
-  const int keys = 16 / rows;
-  pa512_pending_block pending = {.s = NULL};
-  for (size_t j = 0; j < n; j += (size_t)keys) {
-    pa_prefetch_step(prefetch, j + (size_t)keys);
-    const void *k[16];
-    size_t valid = pa_key_block(k_rows, j, keys, n, k);
-    qk_block(rows, keys, qload, q_elem, load, elem, d, q, ldq, k, s + j, lds, valid, &pending);
-  }
-  pa512_finish_block(rows, &pending, lds);
+#define QK_BLOCK(keys, k, j, valid, pending) \
+  qk_block(rows, keys, qload, q_elem, load, elem, d, q, ldq, k, s + (j), lds, valid, pending)
+  PA512_QK_KEY_BLOCKS(rows, n, k_rows, lds, prefetch, QK_BLOCK);
+#undef QK_BLOCK
 }
 
 PA_INLINE void qk(pa512_loader qload, size_t q_elem, pa512_loader load, size_t elem, size_t m,

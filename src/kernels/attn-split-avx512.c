@@ -113,15 +113,10 @@ PA_INLINE void qk_block(const int rows, const int keys, size_t d, const float *q
 
 PA_INLINE void qk_rows(const int rows, size_t n, size_t d, const float *q, size_t ldq,
                        const void *const *k_rows, float *s, size_t lds, pa_prefetch *prefetch) {
-  const int keys = 16 / rows;
-  pa512_pending_block pending = {.s = NULL};
-  for (size_t j = 0; j < n; j += (size_t)keys) {
-    pa_prefetch_step(prefetch, j + (size_t)keys);
-    const void *k[16];
-    size_t valid = pa_key_block(k_rows, j, keys, n, k);
-    qk_block(rows, keys, d, q, ldq, k, s + j, lds, valid, &pending);
-  }
-  pa512_finish_block(rows, &pending, lds);
+#define QK_BLOCK(keys, k, j, valid, pending) \
+  qk_block(rows, keys, d, q, ldq, k, s + (j), lds, valid, pending)
+  PA512_QK_KEY_BLOCKS(rows, n, k_rows, lds, prefetch, QK_BLOCK);
+#undef QK_BLOCK
 }
 
 /* S = Q K^T (see pa_qk_fn) with Q as pa_load_q_split_* writes it. */

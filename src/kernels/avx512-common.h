@@ -283,6 +283,24 @@ PA_INLINE void pa512_finish_block(const int rows, pa512_pending_block *p, size_t
   p->s = NULL;
 }
 
+/* Q K^T's walk over n keys for a group of `rows` rows: blocks of 16 / rows
+ * keys (pa_key_block pads the last), one request step each, each block's
+ * sums finished during the next block's products (pa512_pending_block).
+ * BLOCK(keys, k, j, valid, pending) computes keys [j, j + keys) from their
+ * K rows k, `valid` of them real. Where it is used, prefetch.h is included. */
+#define PA512_QK_KEY_BLOCKS(rows, n, k_rows, lds, prefetch, BLOCK)            \
+  do {                                                                        \
+    const int pa_keys_ = 16 / (rows);                                         \
+    pa512_pending_block pa_pending_ = {.s = NULL};                            \
+    for (size_t pa_j_ = 0; pa_j_ < (n); pa_j_ += (size_t)pa_keys_) {          \
+      pa_prefetch_step((prefetch), pa_j_ + (size_t)pa_keys_);                 \
+      const void *pa_k_[16];                                                  \
+      size_t pa_valid_ = pa_key_block((k_rows), pa_j_, pa_keys_, (n), pa_k_); \
+      BLOCK(pa_keys_, pa_k_, pa_j_, pa_valid_, &pa_pending_);                 \
+    }                                                                         \
+    pa512_finish_block((rows), &pa_pending_, (lds));                          \
+  } while (0)
+
 /* Transposes a 16 x 16 block of 32-bit elements held as 16 row vectors. */
 PA_INLINE void pa512_transpose16(__m512 r[16]) {
   __m512 t[16], u[16];

@@ -331,6 +331,7 @@ void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
   pa_bf16_tables_init();
   k->softmax_bf16_rows = pa_softmax_bf16_rows_avx512bf16;
   k->softmax_split_rows = pa_softmax_split_rows_avx512bf16;
+  if (!bf16_pairs) return;
   static const pa_pack_fn pack_k[PA_NUM_DTYPES] = {[PA_BF16] = pa_pack_k_bf16_avx512bf16,
                                                    [PA_FP8_E4M3] = pa_pack_k_e4m3_avx512bf16,
                                                    [PA_FP8_E5M2] = pa_pack_k_e5m2_avx512bf16};
@@ -338,7 +339,7 @@ void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
                                                    [PA_FP8_E4M3] = pa_pack_v_e4m3_avx512bf16,
                                                    [PA_FP8_E5M2] = pa_pack_v_e5m2_avx512bf16};
   for (int cache = 0; cache < PA_NUM_DTYPES; cache++) {
-    if (!pack_k[cache] || !bf16_pairs) continue;
+    if (!pack_k[cache]) continue;
     pa_attn_ops *ops = &k->attn[PA_BF16][cache];
     ops->pack_k = pack_k[cache];
     ops->pack_v = pack_v[cache];
@@ -350,10 +351,8 @@ void pa_prefill_kernels_avx512bf16(pa_kernels *k, int bf16_pairs) {
   /* A tiled bf16 cache's groups are these kernels' pair layouts, read in
    * place; rows stay the preferred layout (docs/decode-memory.md, "Tiled
    * caches without AMX"). */
-  if (bf16_pairs) {
-    pa_attn_ops *tiled = &k->attn[PA_BF16][PA_BF16];
-    tiled->qk_tiled = pa_qk_tiled_bf16_avx512bf16;
-    tiled->pv_tiled = pa_pv_tiled_bf16_avx512bf16;
-    tiled->tiled_head_multiple = PA_TILED_GROUP;
-  }
+  pa_attn_ops *tiled = &k->attn[PA_BF16][PA_BF16];
+  tiled->qk_tiled = pa_qk_tiled_bf16_avx512bf16;
+  tiled->pv_tiled = pa_pv_tiled_bf16_avx512bf16;
+  tiled->tiled_head_multiple = PA_TILED_GROUP;
 }
