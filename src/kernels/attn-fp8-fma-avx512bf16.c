@@ -73,21 +73,21 @@ PA_INLINE void decode(const void *row, size_t c, size_t d, const pa_fp8_tables *
 
 /* Q row conversion (see pa_load_row_fn): n elements times `factor`, each
  * group of 64 in slot order, zeros up to the last group's end. */
-#define PA_DEFINE_LOAD_Q_SLOTS(name, elem_t, load)                              \
-  static void name(void *out, const void *src, size_t n, float factor) {        \
-    float *dst = out;                                                           \
-    const elem_t *in = src;                                                     \
-    const __m512 f = _mm512_set1_ps(factor);                                    \
-    for (size_t g = 0; g < n; g += 64) {                                        \
-      __m512 columns[4], slots[4];                                              \
-      for (int v = 0; v < 4; v++) {                                             \
-        size_t e = g + 16 * (size_t)v;                                          \
-        __mmask16 m = pa512_tail_mask(e < n ? n - e : 0);                       \
-        columns[v] = _mm512_mul_ps(load(in + e, m), f);                         \
-      }                                                                         \
-      reorder_group(&pa_to_slots, columns, slots);                              \
-      for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + g + 16 * v, slots[v]); \
-    }                                                                           \
+#define PA_DEFINE_LOAD_Q_SLOTS(name, elem_t, load)                                                \
+  static void name(void *out, const void *src, size_t n, float factor) {                          \
+    float *dst = out;                                                                             \
+    const elem_t *in = src;                                                                       \
+    const __m512 f = _mm512_set1_ps(factor);                                                      \
+    for (size_t g = 0; g < n; g += 64) {                                                          \
+      __m512 columns[4], slots[4];                                                                \
+      for (int v = 0; v < 4; v++) {                                                               \
+        size_t e = g + 16 * (size_t)v;                                                            \
+        columns[v] =                                                                              \
+            e < n ? _mm512_mul_ps(load(in + e, pa512_tail_mask(n - e)), f) : _mm512_setzero_ps(); \
+      }                                                                                           \
+      reorder_group(&pa_to_slots, columns, slots);                                                \
+      for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + g + 16 * v, slots[v]);                   \
+    }                                                                                             \
   }
 
 PA_DEFINE_LOAD_Q_SLOTS(pa_load_q_slots_f32_avx512bf16, float, pa512_load_f32)
