@@ -14,18 +14,6 @@
 #include "avx512bf16-common.h"
 #include "prefetch.h"
 
-PA_INLINE __m512i load64(const void *p, __mmask64 m) {
-  return m == ~(__mmask64)0 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(m, p);
-}
-
-/* 64 FP8 values as bf16, in the group order described above. */
-PA_INLINE void to_bf16x64(__m512i bytes, const pa_fp8_tables *t, __m512i *first, __m512i *second) {
-  __m512i low, high;
-  fp8_code_bytes(bytes, t, &low, &high);
-  *first = _mm512_unpacklo_epi8(low, high);
-  *second = _mm512_unpackhi_epi8(low, high);
-}
-
 /* Where value e of a 64-value group lands in that order. */
 static size_t group_position(size_t e) {
   size_t lane = e / 16, within = e % 16;

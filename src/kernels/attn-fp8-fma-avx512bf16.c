@@ -58,16 +58,11 @@ PA_INLINE void reorder_group(const group_reorder *r, const __m512 in[4], __m512 
 /* The values [c, c + 64) of a row of d FP8 values as f32 in slot order,
  * those at or past d as 0 (a masked byte load reads none of them). */
 PA_INLINE void decode(const void *row, size_t c, size_t d, const pa_fp8_tables *t, __m512 out[4]) {
-  const char *at = (const char *)row + c;
-  __m512i bytes =
-      c + 64 <= d ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi8(tail_mask64(d - c), at);
-  __m512i low, high;
-  fp8_code_bytes(bytes, t, &low, &high);
-  const __m512i pairs[2] = {_mm512_unpacklo_epi8(low, high), _mm512_unpackhi_epi8(low, high)};
-  const __m512i high_half = _mm512_set1_epi32((int)0xffff0000u);
+  __m512i pairs[2];
+  to_bf16x64(load64((const char *)row + c, tail_mask64(d - c)), t, &pairs[0], &pairs[1]);
   for (int h = 0; h < 2; h++) {
-    out[2 * h] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs[h], 16));
-    out[2 * h + 1] = _mm512_castsi512_ps(_mm512_and_si512(pairs[h], high_half));
+    out[2 * h] = pa512_pair_even(pairs[h]);
+    out[2 * h + 1] = pa512_pair_odd(pairs[h]);
   }
 }
 
@@ -142,57 +137,40 @@ PA_INLINE void qk(const pa_fp8_bytes *bytes, size_t m, size_t n, size_t d, const
 #undef QK_GROUP
 }
 
+/* Group g of each row's accumulators (`vectors` per row) reordered in
+ * place: a group that d cuts short comes and goes in column order, so that
+ * its masked loads and stores stay within the row. */
+PA_INLINE void reorder_rows_group(const group_reorder *r, const int rows, const int vectors, int g,
+                                  __m512 *acc) {
+  for (int i = 0; i < rows; i++) {
+    __m512 *group = acc + i * vectors + 4 * g, in[4] = {group[0], group[1], group[2], group[3]};
+    reorder_group(r, in, group);
+  }
+}
+
 /* O[0..rows)[c0 .. c0 + 64 groups) = O * rescale + P V over n keys, c0 a
  * multiple of 64, the accumulators in slot order; each V row decoded once
- * per block. */
+ * per block. Only the last group may be cut short by d. */
 PA_INLINE void pv_block(const int rows, const int groups, const pa_fp8_tables *t, size_t n,
                         size_t c0, size_t d, const float *p, size_t ldp, const void *const *v_rows,
                         float *o, size_t ldo, const float *rescale, pa_prefetch *prefetch) {
+  const int vectors = 4 * groups, cut = c0 + 64 * (size_t)groups > d;
   __mmask16 mask[8];
   __m512 acc[16];
-  for (int g = 0; g < groups; g++) {
-    size_t col = c0 + 64 * (size_t)g;
-    const int whole = col + 64 <= d;
-    for (int c = 0; c < 4; c++) {
-      size_t at = col + 16 * (size_t)c;
-      mask[4 * g + c] = at < d ? pa512_tail_mask(d - at) : 0;
-    }
-    for (int r = 0; r < rows; r++) {
-      __m512 scale = pa512_row_scale(rescale, r), in[4], *a = &acc[(r * groups + g) * 4];
-      for (int c = 0; c < 4; c++) {
-        in[c] = pa512_scaled(
-            _mm512_maskz_loadu_ps(mask[4 * g + c], o + r * ldo + col + 16 * (size_t)c), scale);
-      }
-      if (whole) {
-        for (int c = 0; c < 4; c++) a[c] = in[c];
-      } else {
-        reorder_group(&pa_to_slots, in, a);
-      }
-    }
-  }
+  pa512_load_o_vectors(rows, vectors, c0, d, o, ldo, rescale, mask, acc);
+  if (cut) reorder_rows_group(&pa_to_slots, rows, vectors, groups - 1, acc);
   for (size_t j = 0; j < n; j++) {
     if (j % 8 == 0) pa_prefetch_step(prefetch, j + 8);
     __m512 vv[8];
     for (int g = 0; g < groups; g++) decode(v_rows[j], c0 + 64 * (size_t)g, d, t, vv + 4 * g);
     for (int r = 0; r < rows; r++) {
       __m512 weight = _mm512_set1_ps(p[r * ldp + j]);
-      for (int c = 0; c < 4 * groups; c++)
-        acc[r * 4 * groups + c] = _mm512_fmadd_ps(weight, vv[c], acc[r * 4 * groups + c]);
+      for (int c = 0; c < vectors; c++)
+        acc[r * vectors + c] = _mm512_fmadd_ps(weight, vv[c], acc[r * vectors + c]);
     }
   }
-  for (int g = 0; g < groups; g++) {
-    size_t col = c0 + 64 * (size_t)g;
-    for (int r = 0; r < rows; r++) {
-      __m512 out[4], *a = &acc[(r * groups + g) * 4];
-      if (col + 64 <= d) {
-        for (int c = 0; c < 4; c++) out[c] = a[c];
-      } else {
-        reorder_group(&pa_to_columns, a, out);
-      }
-      for (int c = 0; c < 4; c++)
-        _mm512_mask_storeu_ps(o + r * ldo + col + 16 * (size_t)c, mask[4 * g + c], out[c]);
-    }
-  }
+  if (cut) reorder_rows_group(&pa_to_columns, rows, vectors, groups - 1, acc);
+  pa512_store_o_vectors(rows, vectors, c0, mask, acc, o, ldo);
 }
 
 /* One group of `rows` rows (1-4) over every column of O, in blocks of

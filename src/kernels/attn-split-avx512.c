@@ -41,14 +41,6 @@ PA_INLINE __m512i load_pairs(const void *row, size_t c, size_t d) {
   return _mm512_maskz_loadu_epi16(c < d ? words_before(d - c) : 0, at);
 }
 
-PA_INLINE __m512 even_of(__m512i pairs) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-}
-
-PA_INLINE __m512 odd_of(__m512i pairs) {
-  return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xffff0000u)));
-}
-
 /* A group of 32 f32 elements held in order (lo: 0-15, hi: 16-31) as its
  * even and odd elements, and back. */
 PA_INLINE void split_group(__m512 lo, __m512 hi, __m512 *even, __m512 *odd) {
@@ -99,7 +91,7 @@ PA_INLINE void qk_block(const int rows, const int keys, size_t d, const float *q
     }
     for (int j = 0; j < keys; j++) {
       __m512i pairs = load_pairs(k[j], c, d);
-      __m512 k_even = even_of(pairs), k_odd = odd_of(pairs);
+      __m512 k_even = pa512_pair_even(pairs), k_odd = pa512_pair_odd(pairs);
       for (int r = 0; r < rows; r++) {
         acc[r * keys + j] = _mm512_fmadd_ps(q_even[r], k_even, acc[r * keys + j]);
         acc[r * keys + j] = _mm512_fmadd_ps(q_odd[r], k_odd, acc[r * keys + j]);
@@ -140,8 +132,8 @@ PA_INLINE void pv_keys(const int rows, const int groups, size_t n, size_t c0, si
     __m512 v_even[4], v_odd[4];
     for (int g = 0; g < groups; g++) {
       __m512i pairs = load_pairs(v_rows[j], c0 + 32 * (size_t)g, d);
-      v_even[g] = even_of(pairs);
-      v_odd[g] = odd_of(pairs);
+      v_even[g] = pa512_pair_even(pairs);
+      v_odd[g] = pa512_pair_odd(pairs);
     }
     for (int r = 0; r < rows; r++) {
       __m512 weight = _mm512_set1_ps(p[r * ldp + j]);

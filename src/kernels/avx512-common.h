@@ -95,6 +95,16 @@ PA_INLINE void pa512_store_o_vectors(const int rows, const int vectors, size_t c
   }
 }
 
+/* The two bf16 elements of each 32-bit lane as f32: shifted left by 16 the
+ * first (even) one, its low half cleared the second (odd) one. */
+PA_INLINE __m512 pa512_pair_even(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+}
+
+PA_INLINE __m512 pa512_pair_odd(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
 /* bf16 is the upper half of an f32. */
 PA_INLINE __m512 pa512_load_bf16(const void *p, __mmask16 m) {
   __m512i wide = _mm512_cvtepu16_epi32(pa512_load_16x16(p, m));

@@ -52,6 +52,20 @@ PA_INLINE __mmask64 tail_mask64(size_t count) {
   return count >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << count) - 1);
 }
 
+PA_INLINE __m512i load64(const void *p, __mmask64 m) {
+  return m == ~(__mmask64)0 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(m, p);
+}
+
+/* 64 FP8 values as bf16 codes, by the lookups and a byte interleave: the
+ * values in the order {0-7, 16-23, 32-39, 48-55} (first), then {8-15,
+ * 24-31, 40-47, 56-63} (second). */
+PA_INLINE void to_bf16x64(__m512i bytes, const pa_fp8_tables *t, __m512i *first, __m512i *second) {
+  __m512i low, high;
+  fp8_code_bytes(bytes, t, &low, &high);
+  *first = _mm512_unpacklo_epi8(low, high);
+  *second = _mm512_unpackhi_epi8(low, high);
+}
+
 PA_INLINE __mmask32 tail_mask32(size_t count) {
   return count >= 32 ? 0xffffffffu : (__mmask32)((1u << count) - 1u);
 }
